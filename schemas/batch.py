@@ -1,0 +1,147 @@
+"""Batch events: submission, cancellation, deletion and completion, keyed by batch id.
+
+Ids in these events are absolute: ingest resolves ``in_update_*`` ids of the API into absolute
+job and job-group ids before it appends, so a consumer never needs the update's start offsets to
+interpret a job.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+from schemas import topics
+from schemas.base import BatchEvent, BatchOutcome, CancelReason, JobResources
+
+
+class BatchCreated(BatchEvent, frozen=True, kw_only=True, tag="batch.created"):
+    """A batch now exists, with no updates and no jobs. Idempotent per (user, token)."""
+
+    user: str
+    billing_project: str
+    token: str
+    attributes: dict[str, str] = {}
+    callback: str | None = None
+    cancel_after_n_failures: int | None = None
+
+
+class UpdateOpened(BatchEvent, frozen=True, kw_only=True, tag="batch.update_opened"):
+    """An update reserved job ids ``[start_job_id, start_job_id + n_jobs)`` and group ids alike."""
+
+    update_id: int
+    token: str
+    n_jobs: int
+    n_job_groups: int
+    start_job_id: int
+    start_job_group_id: int
+
+
+class JobGroupRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One job group of a bunch, with absolute ids. The root group of a batch is 0."""
+
+    job_group_id: int
+    parent_id: int
+    attributes: dict[str, str] = {}
+    callback: str | None = None
+    cancel_after_n_failures: int | None = None
+
+
+class JobGroupsSubmitted(BatchEvent, frozen=True, kw_only=True, tag="batch.job_groups_submitted"):
+    """A bunch of job groups of an open update. Resubmitting the same bunch is a no-op."""
+
+    update_id: int
+    job_groups: list[JobGroupRecord]
+
+
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One job of a bunch, with absolute ids and what scheduling needs already extracted.
+
+    ``spec`` is the job's spec as the client sent it (JSON text), kept verbatim for the API.
+    ``inst_coll`` is the instance collection chosen at submission from the resources.
+    """
+
+    job_id: int
+    job_group_id: int
+    parent_ids: list[int] = []
+    always_run: bool = False
+    n_max_attempts: int = 20
+    resources: JobResources
+    inst_coll: str
+    attributes: dict[str, str] = {}
+    spec: str
+
+
+class JobsSubmitted(BatchEvent, frozen=True, kw_only=True, tag="batch.jobs_submitted"):
+    """A bunch of jobs of an open update. Resubmitting the same bunch is a no-op."""
+
+    update_id: int
+    jobs: list[JobRecord]
+
+
+class UpdateCommitted(BatchEvent, frozen=True, kw_only=True, tag="batch.update_committed"):
+    """The update's jobs and groups become visible and its jobs become Ready or Pending."""
+
+    update_id: int
+    n_jobs: int
+    n_job_groups: int
+
+
+class BatchCancelRequested(BatchEvent, frozen=True, kw_only=True, tag="batch.cancel_requested"):
+    """Someone (or the billing limit) asked to cancel the batch. Not yet a fact."""
+
+    requested_by: str | None = None
+    reason: CancelReason = "user"
+
+
+class BatchCancelled(BatchEvent, frozen=True, kw_only=True, tag="batch.cancelled"):
+    """The batch is cancelled: nothing new is scheduled, non-always_run jobs will be cancelled."""
+
+    reason: CancelReason = "user"
+
+
+class JobGroupCancelRequested(BatchEvent, frozen=True, kw_only=True,
+                              tag="job_group.cancel_requested"):
+    """Someone asked to cancel a job group (and so its descendants)."""
+
+    job_group_id: int
+    requested_by: str | None = None
+    reason: CancelReason = "user"
+
+
+class JobGroupCancelled(BatchEvent, frozen=True, kw_only=True, tag="job_group.cancelled"):
+    """The job group and its descendants are cancelled."""
+
+    job_group_id: int
+    reason: CancelReason = "user"
+
+
+class BatchDeleted(BatchEvent, frozen=True, kw_only=True, tag="batch.deleted"):
+    """The batch is deleted: cancelled if still running, and invisible to reads."""
+
+    requested_by: str | None = None
+
+
+class BatchCompleted(BatchEvent, frozen=True, kw_only=True, tag="batch.completed"):
+    """The last job of a committed batch ended. Published to the completions topic."""
+
+    topic: ClassVar[str] = topics.COMPLETIONS
+    outcome: BatchOutcome
+    n_jobs: int
+    n_succeeded: int
+    n_failed: int
+    n_cancelled: int
+    time_completed_ms: int
+
+
+class JobGroupCompleted(BatchEvent, frozen=True, kw_only=True, tag="job_group.completed"):
+    """The last job of a job group (recursively) ended. Published to the completions topic."""
+
+    topic: ClassVar[str] = topics.COMPLETIONS
+    job_group_id: int
+    outcome: BatchOutcome
+    n_jobs: int
+    n_succeeded: int
+    n_failed: int
+    n_cancelled: int
+    time_completed_ms: int

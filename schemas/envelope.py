@@ -1,0 +1,66 @@
+"""The envelope every event travels in.
+
+The envelope carries what consumers need without looking inside the event: a unique event id
+(for idempotence), the tag and its schema version (for upcasting), the time it was appended, the
+partition key, and the producer's epoch (for fencing a deposed scheduler; 0 for producers that
+are not fenced).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.events import AnyEvent, tag_of
+
+
+class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+    """An event with its metadata. Construct it with :func:`wrap`."""
+
+    event_id: str
+    tag: str
+    schema_version: int
+    time_ms: int
+    key: str
+    producer_epoch: int = 0
+    event: AnyEvent
+
+    def __post_init__(self) -> None:
+        """Reject an envelope whose header contradicts its event."""
+        if self.tag != tag_of(type(self.event)):
+            raise ValueError(
+                f"envelope tag {self.tag!r} does not match event tag "
+                f"{tag_of(type(self.event))!r}"
+            )
+        if self.key != self.event.key():
+            raise ValueError(
+                f"envelope key {self.key!r} does not match the event's key {self.event.key()!r}"
+            )
+
+    @property
+    def topic(self) -> str:
+        """The logical topic of the event."""
+        return self.event.topic
+
+
+def wrap(event: AnyEvent, *, event_id: str, time_ms: int, producer_epoch: int = 0) -> Envelope:
+    """Put ``event`` in an envelope. The id and clock are injected, so this stays pure.
+
+    Args:
+        event: the event.
+        event_id: a globally unique id (a UUID in hex, say).
+        time_ms: milliseconds since the Unix epoch at which the event is appended.
+        producer_epoch: the fencing epoch of the producer, 0 if it is not fenced.
+
+    Returns:
+        The envelope, keyed by the event's partition key.
+
+    """
+    return Envelope(
+        event_id=event_id,
+        tag=tag_of(type(event)),
+        schema_version=type(event).version,
+        time_ms=time_ms,
+        key=event.key(),
+        producer_epoch=producer_epoch,
+        event=event,
+    )

@@ -1,0 +1,1 @@
+"""Infrastructure shared by every service: settings, the Kafka log adapter, the database."""

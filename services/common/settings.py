@@ -1,0 +1,123 @@
+"""Settings for every service, read from the environment.
+
+One struct, passed to constructors (STYLE: "constructors take a settings struct"). The same code
+runs against the local broker (tansu) and MariaDB, or against Apache Kafka and MySQL 8: only these
+values change. Every variable is prefixed ``HS_``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from schemas import topics
+
+TOPIC_BATCH = topics.BATCH
+TOPIC_CONTROL = topics.CONTROL
+TOPIC_SCHEDULER = topics.SCHEDULER
+TOPIC_COMPLETIONS = topics.COMPLETIONS
+ALL_TOPICS = topics.ALL
+
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How to reach and use the Kafka-protocol log."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "hailstream"
+    # Partitions of each topic at bootstrap. Batch events are keyed by batch id, so this bounds
+    # the projector's parallelism.
+    partitions: int = 8
+    replication_factor: int = 1
+    # Idempotent producers need InitProducerId v3+, which aiokafka does not send to tansu; on real
+    # Kafka this should be on. Correctness never depends on it (consumers are idempotent).
+    idempotent: bool = False
+    linger_ms: int = 5
+    max_batch_size: int = 256 * 1024
+    max_request_size: int = 8 * 1024 * 1024
+    compression: str | None = None
+    request_timeout_ms: int = 30_000
+    # Short session timeouts keep consumer-group joins fast on the local broker.
+    session_timeout_ms: int = 6_000
+    heartbeat_interval_ms: int = 1_000
+    topic_prefix: str = ""
+
+    def topic(self, name: str) -> str:
+        """The broker-side name of a logical topic (a prefix isolates test runs)."""
+        return f"{self.topic_prefix}{name}"
+
+
+class DatabaseSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How to reach the projection database (MariaDB 10.11 or MySQL 8)."""
+
+    host: str = "127.0.0.1"
+    port: int = 3306
+    user: str = "root"
+    password: str = ""
+    name: str = "hailstream"
+    pool_size: int = 10
+
+    def url(self, *, database: bool = True) -> str:
+        """A SQLAlchemy URL for PyMySQL; without the database name when ``database`` is false."""
+        auth = self.user if not self.password else f"{self.user}:{self.password}"
+        db = f"/{self.name}" if database else "/"
+        return f"mysql+pymysql://{auth}@{self.host}:{self.port}{db}?charset=utf8mb4"
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a service needs to know about its environment."""
+
+    log: LogSettings = msgspec.field(default_factory=LogSettings)
+    db: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
+    data_dir: str = "var"
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean, got {value!r}")
+
+
+_LOG_ENV = {
+    "HS_KAFKA_BOOTSTRAP": ("bootstrap_servers", str),
+    "HS_KAFKA_CLIENT_ID": ("client_id", str),
+    "HS_KAFKA_PARTITIONS": ("partitions", int),
+    "HS_KAFKA_REPLICATION_FACTOR": ("replication_factor", int),
+    "HS_KAFKA_IDEMPOTENT": ("idempotent", _bool),
+    "HS_KAFKA_LINGER_MS": ("linger_ms", int),
+    "HS_KAFKA_COMPRESSION": ("compression", str),
+    "HS_KAFKA_SESSION_TIMEOUT_MS": ("session_timeout_ms", int),
+    "HS_TOPIC_PREFIX": ("topic_prefix", str),
+}
+_DB_ENV = {
+    "HS_DB_HOST": ("host", str),
+    "HS_DB_PORT": ("port", int),
+    "HS_DB_USER": ("user", str),
+    "HS_DB_PASSWORD": ("password", str),
+    "HS_DB_NAME": ("name", str),
+    "HS_DB_POOL_SIZE": ("pool_size", int),
+}
+
+
+def _pick(env: Mapping[str, str], table: Mapping[str, tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for var, (field, parse) in table.items():
+        if var in env:
+            try:
+                out[field] = parse(env[var])  # type: ignore[operator]
+            except ValueError as e:
+                raise ValueError(f"{var}: {e}") from None
+    return out
+
+
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    """Read settings from ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    return Settings(
+        log=LogSettings(**_pick(env, _LOG_ENV)),  # type: ignore[arg-type]
+        db=DatabaseSettings(**_pick(env, _DB_ENV)),  # type: ignore[arg-type]
+        data_dir=env.get("HS_DATA_DIR", "var"),
+    )

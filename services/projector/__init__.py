@@ -1,0 +1,1 @@
+"""Projector: faust-streaming agents that fold events into MySQL projections (issue 3)."""

@@ -1,0 +1,117 @@
+"""Codec properties: every event round-trips in both formats; bad input is a clear error."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas import codec
+from schemas.batch import BatchCreated
+from schemas.control import BillingLimitSet
+from schemas.envelope import Envelope, wrap
+from schemas.events import CURRENT_VERSIONS, EVENT_TYPES, EVENTS_BY_TAG, AnyEvent, tag_of
+from schemas.upcast import UpcastError, upcast
+
+from .strategies import for_struct
+
+any_event: st.SearchStrategy[AnyEvent] = st.one_of([for_struct(cls) for cls in EVENT_TYPES])
+
+
+@given(event=any_event, epoch=st.integers(0, 2**31), fmt=st.sampled_from(["msgpack", "json"]))
+@settings(max_examples=400)
+def test_every_event_round_trips(event: AnyEvent, epoch: int, fmt: codec.Format) -> None:
+    env = wrap(event, event_id="e", time_ms=1, producer_epoch=epoch)
+    data = codec.encode(env, fmt)
+    assert codec.detect(data) == fmt
+    assert codec.decode(data) == env
+
+
+def test_tags_are_explicit_and_unique() -> None:
+    tags = [tag_of(cls) for cls in EVENT_TYPES]
+    assert len(tags) == len(set(tags))
+    for tag in tags:
+        assert "." in tag and tag == tag.lower(), tag
+        assert not tag.startswith(("schemas", "core")), "class paths are never tags"
+
+
+def test_batch_events_are_keyed_by_batch_id() -> None:
+    assert BatchCreated(batch_id=42, user="u", billing_project="b", token="t").key() == "42"
+
+
+def test_decimal_stays_exact() -> None:
+    env = wrap(BillingLimitSet(billing_project="p", limit=Decimal("0.1")), event_id="e", time_ms=0)
+    assert json.loads(codec.encode_json(env))["event"]["limit"] == "0.1"
+    assert codec.decode(codec.encode(env)).event.limit == Decimal("0.1")  # type: ignore[union-attr]
+
+
+def _json_env(**overrides: Any) -> bytes:
+    env = wrap(BatchCreated(batch_id=1, user="u", billing_project="b", token="t"),
+               event_id="e", time_ms=0)
+    raw = json.loads(codec.encode_json(env))
+    for k, v in overrides.items():
+        raw[k] = v
+    return json.dumps(raw).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty message"),
+        (b"\x01\x02", "not an envelope"),
+        (b"{not json", "malformed json"),
+        (_json_env(tag="no.such", event={"type": "no.such"}), "unknown event tag 'no.such'"),
+        (_json_env(schema_version=99), "newer than"),
+        (_json_env(event={"type": "batch.created", "batch_id": "x"}), "invalid 'batch.created'"),
+        (_json_env(key="2"), "does not match the event's key"),
+        (_json_env(tag="user.created"), "does not match event tag"),
+    ],
+    ids=["empty", "binary", "malformed", "unknown-tag", "future-version", "bad-field",
+         "wrong-key", "tag-mismatch"],
+)
+def test_bad_bytes_are_clear_errors(data: bytes, message: str) -> None:
+    with pytest.raises(codec.DecodeError, match=message):
+        codec.decode(data)
+
+
+def test_old_version_is_upcast() -> None:
+    """A v0 payload that named the user 'owner' is lifted by a registered upcaster."""
+    env = wrap(BatchCreated(batch_id=1, user="u", billing_project="b", token="t"),
+               event_id="e", time_ms=0)
+    raw = json.loads(codec.encode_json(env))
+    raw["schema_version"] = CURRENT_VERSIONS["batch.created"] - 1
+    raw["event"]["owner"] = raw["event"].pop("user")
+
+    def rename_owner(p: dict[str, Any]) -> dict[str, Any]:
+        p["user"] = p.pop("owner")
+        return p
+
+    upcasters = {("batch.created", raw["schema_version"]): rename_owner}
+    decoded = codec.decode(json.dumps(raw).encode(), upcasters)
+    assert decoded == env
+    with pytest.raises(codec.DecodeError, match="no upcaster"):
+        codec.decode(json.dumps(raw).encode(), {})
+
+
+def test_upcast_chain_applies_in_order() -> None:
+    steps = {("t", 1): lambda p: {**p, "a": 1}, ("t", 2): lambda p: {**p, "b": p["a"] + 1}}
+    assert upcast("t", 1, {}, 3, steps) == {"a": 1, "b": 2}
+    with pytest.raises(UpcastError):
+        upcast("t", 4, {}, 3, steps)
+
+
+def test_envelope_rejects_mismatched_header() -> None:
+    with pytest.raises(ValueError, match="does not match"):
+        Envelope(event_id="e", tag="user.created", schema_version=1, time_ms=0, key="1",
+                 event=BatchCreated(batch_id=1, user="u", billing_project="b", token="t"))
+
+
+def test_every_class_in_registry_is_in_union() -> None:
+    assert set(EVENTS_BY_TAG.values()) == set(EVENT_TYPES)
+    assert all(isinstance(msgspec.inspect.type_info(c), msgspec.inspect.StructType)
+               for c in EVENT_TYPES)
