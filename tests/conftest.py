@@ -34,6 +34,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield f"127.0.0.1:{port}"
     finally:
         procs.terminate(proc.pid)
+        proc.wait(timeout=10)  # reaped already; this only tells the Popen object
 
 
 @pytest.fixture

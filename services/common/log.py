@@ -1,0 +1,398 @@
+"""The log adapter: the system's only door to Kafka (aiokafka underneath).
+
+- :func:`bootstrap_topics` creates the topics with the configured partition count.
+- :class:`Publisher` appends envelopes with ``acks=all`` and returns where each landed; batched
+  publishing lets aiokafka pack many records per request (tansu and Kafka both prefer that).
+- :class:`LogConsumer` reads envelopes in batches. Its position is *not* Kafka's committed
+  offset but the one stored in the projection database with the rows it produced
+  (:mod:`services.common.offsets`), so a restart or a rebalance resumes exactly there.
+- :func:`high_watermarks` reads partition ends from fetch responses, because ListOffsets
+  (``end_offsets()``) is wrong on the local broker.
+
+Events are keyed by their partition key (the batch id for batch events), so Kafka's default
+murmur2 partitioner keeps each batch's events in one partition, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, Self
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from schemas import codec
+from schemas.envelope import Envelope, wrap
+from schemas.events import AnyEvent
+from services.common.settings import ALL_TOPICS, LogSettings
+
+log = logging.getLogger(__name__)
+
+
+class LogError(Exception):
+    """The log could not do what was asked. ``retryable`` tells callers whether to try again."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def _classify(e: KafkaError, what: str) -> LogError:
+    retryable = bool(getattr(e, "retriable", False)) or isinstance(e, KafkaConnectionError)
+    return LogError(f"{what}: {type(e).__name__}: {e}", retryable=retryable)
+
+
+class LogPosition(NamedTuple):
+    """Where a record landed (or was read from). ``topic`` is the logical name."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class Record(NamedTuple):
+    """An envelope read from the log, with its position."""
+
+    topic: str
+    partition: int
+    offset: int
+    envelope: Envelope
+
+
+def _common(settings: LogSettings) -> dict[str, Any]:
+    return {"bootstrap_servers": settings.bootstrap_servers, "client_id": settings.client_id,
+            "request_timeout_ms": settings.request_timeout_ms}
+
+
+async def bootstrap_topics(settings: LogSettings, topics: Iterable[str] = ALL_TOPICS) -> list[str]:
+    """Create the (logical) ``topics`` that do not exist yet; return those created.
+
+    Existing topics are left as they are: changing a topic's partition count would move keys
+    between partitions and break per-batch ordering.
+    """
+    admin = AIOKafkaAdminClient(**_common(settings))
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        wanted = [settings.topic(t) for t in topics]
+        missing = [t for t in wanted if t not in existing]
+        if missing:
+            # Another starter may win the race; the topics then exist, which is what we want.
+            with contextlib.suppress(TopicAlreadyExistsError):
+                await admin.create_topics([
+                    NewTopic(t, settings.partitions, settings.replication_factor)
+                    for t in missing
+                ])
+        return missing
+    except KafkaError as e:
+        raise _classify(e, "bootstrapping topics") from e
+    finally:
+        await admin.close()
+
+
+async def partitions_of(settings: LogSettings, topic: str) -> list[int]:
+    """The partition numbers of a logical topic."""
+    admin = AIOKafkaAdminClient(**_common(settings))
+    await admin.start()
+    try:
+        (desc,) = await admin.describe_topics([settings.topic(topic)])
+        if desc["error_code"]:
+            raise LogError(f"topic {topic!r}: error code {desc['error_code']}", retryable=False)
+        return sorted(p["partition"] for p in desc["partitions"])
+    finally:
+        await admin.close()
+
+
+def new_event_id() -> str:
+    """A fresh globally unique event id."""
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+class Publisher:
+    """Appends events to the log with ``acks=all``. An async context manager.
+
+    ``producer_epoch`` is stamped on every envelope: a scheduler passes the epoch it was elected
+    with, so consumers can ignore a deposed scheduler. The clock and the id generator are
+    injectable for tests.
+    """
+
+    def __init__(self, settings: LogSettings, *, producer_epoch: int = 0,
+                 clock: Callable[[], int] = now_ms,
+                 ids: Callable[[], str] = new_event_id) -> None:
+        self._settings = settings
+        self._epoch = producer_epoch
+        self._clock = clock
+        self._ids = ids
+        self._producer: AIOKafkaProducer | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._producer is not None:
+            return
+        s = self._settings
+        producer = AIOKafkaProducer(
+            **_common(s), acks="all", enable_idempotence=s.idempotent, linger_ms=s.linger_ms,
+            max_batch_size=s.max_batch_size, max_request_size=s.max_request_size,
+            compression_type=s.compression,
+        )
+        try:
+            await producer.start()
+        except KafkaError as e:
+            await producer.stop()
+            raise _classify(e, "starting the producer") from e
+        self._producer = producer
+
+    async def stop(self) -> None:
+        """Flush and close. Idempotent."""
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()
+
+    def envelope(self, event: AnyEvent) -> Envelope:
+        """Wrap ``event`` with a fresh id, the current time and this publisher's epoch."""
+        return wrap(event, event_id=self._ids(), time_ms=self._clock(),
+                    producer_epoch=self._epoch)
+
+    async def publish(self, event: AnyEvent | Envelope, *, partition: int | None = None
+                      ) -> LogPosition:
+        """Append one event and wait until every in-sync replica has it."""
+        (position,) = await self.publish_many([event], partition=partition)
+        return position
+
+    async def publish_many(self, events: Sequence[AnyEvent | Envelope], *,
+                           partition: int | None = None) -> list[LogPosition]:
+        """Append events in order, letting the producer batch them; wait for all acks.
+
+        Events with the same key keep their relative order. Returns positions in input order.
+        """
+        if self._producer is None:
+            raise LogError("publisher is not started", retryable=False)
+        try:
+            futures = []
+            for item in events:
+                env = item if isinstance(item, Envelope) else self.envelope(item)
+                futures.append(await self._producer.send(
+                    self._settings.topic(env.topic), codec.encode(env),
+                    key=env.key.encode(), partition=partition))
+            metadata = await asyncio.gather(*futures)
+        except KafkaError as e:
+            raise _classify(e, "publishing") from e
+        return [LogPosition(item.topic, m.partition, m.offset)
+                for item, m in zip(events, metadata, strict=True)]
+
+
+class OffsetStore(Protocol):
+    """Where a consumer's positions live (the projection database, in production)."""
+
+    def load(self, consumer: str, topics: Sequence[str]) -> dict[tuple[str, int], int]:
+        """The next offset to read of each (topic, partition) the consumer has applied."""
+        ...
+
+
+@dataclass
+class ConsumerOptions:
+    """How a :class:`LogConsumer` reads."""
+
+    name: str
+    """The consumer's identity: its Kafka group id and the owner of its stored offsets."""
+    topics: Sequence[str]
+    """Logical topics to read."""
+    group: bool = True
+    """Share partitions with other members of the group; otherwise read every partition."""
+    max_records: int = 2000
+    fetch_timeout_ms: int = 200
+
+
+class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: LogConsumer) -> None:
+        self._owner = owner
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        self._owner._assigned -= set(revoked)
+        for tp in revoked:
+            self._owner._next.pop(tp, None)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._owner._seek(list(assigned))
+
+
+class LogConsumer:
+    """Reads envelopes in batches, resuming from offsets in an :class:`OffsetStore`.
+
+    The consumer never commits offsets to Kafka: whoever applies a batch stores the next offsets
+    in the same database transaction as its effects. On every (re)assignment the consumer seeks
+    each partition to its stored offset (or the beginning), so nothing applied is read as new
+    and nothing unapplied is skipped. Without a store it reads from the beginning (replay).
+    """
+
+    def __init__(self, settings: LogSettings, options: ConsumerOptions,
+                 offsets: OffsetStore | None = None) -> None:
+        self._settings = settings
+        self._options = options
+        self._offsets = offsets
+        self._consumer: AIOKafkaConsumer | None = None
+        self._assigned: set[TopicPartition] = set()
+        # The next offset to deliver per partition. aiokafka keeps fetching while a rebalance
+        # listener awaits, so records from before our seek can still arrive: they are dropped
+        # here, which makes delivery strictly increasing from the stored offset.
+        self._next: dict[TopicPartition, int] = {}
+        self._logical = {settings.topic(t): t for t in options.topics}
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._consumer is not None:
+            return
+        s, o = self._settings, self._options
+        consumer = AIOKafkaConsumer(
+            **_common(s), group_id=o.name if o.group else None, enable_auto_commit=False,
+            auto_offset_reset="earliest", session_timeout_ms=s.session_timeout_ms,
+            heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=o.max_records,
+            isolation_level="read_uncommitted",
+        )
+        try:
+            await consumer.start()
+            if o.group:
+                consumer.subscribe(list(self._logical), listener=_SeekToStored(self))
+            else:
+                tps = []
+                for physical in self._logical:
+                    parts = consumer.partitions_for_topic(physical)
+                    if parts is None:
+                        await consumer._client.force_metadata_update()
+                        parts = consumer.partitions_for_topic(physical) or set()
+                    tps += [TopicPartition(physical, p) for p in sorted(parts)]
+                consumer.assign(tps)
+                self._consumer = consumer
+                await self._seek(tps)
+        except KafkaError as e:
+            await consumer.stop()
+            raise _classify(e, "starting the consumer") from e
+        self._consumer = consumer
+
+    async def stop(self) -> None:
+        """Leave the group and close. Idempotent."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def _seek(self, tps: list[TopicPartition]) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        stored: Mapping[tuple[str, int], int] = {}
+        if self._offsets is not None and tps:
+            stored = await asyncio.to_thread(
+                self._offsets.load, self._options.name, list(self._options.topics))
+        for tp in tps:
+            position = stored.get((self._logical[tp.topic], tp.partition))
+            if position is None:
+                await consumer.seek_to_beginning(tp)
+                self._next[tp] = 0
+            else:
+                consumer.seek(tp, position)
+                self._next[tp] = position
+        self._assigned |= set(tps)
+
+    async def next_batch(self) -> list[Record]:
+        """The next records (possibly none, after ``fetch_timeout_ms``), in offset order per
+        partition. Raises :class:`schemas.codec.DecodeError` naming the bad record's position."""
+        consumer = self._consumer
+        if consumer is None:
+            raise LogError("consumer is not started", retryable=False)
+        try:
+            fetched = await consumer.getmany(timeout_ms=self._options.fetch_timeout_ms,
+                                             max_records=self._options.max_records)
+        except KafkaError as e:
+            raise _classify(e, "fetching") from e
+        out: list[Record] = []
+        for tp, messages in fetched.items():
+            topic = self._logical[tp.topic]
+            for m in messages:
+                if tp not in self._next or m.offset < self._next[tp]:
+                    continue  # fetched before our seek, or no longer ours
+                self._next[tp] = m.offset + 1
+                try:
+                    env = codec.decode(m.value)
+                except codec.DecodeError as e:
+                    raise codec.DecodeError(f"{topic}[{tp.partition}]@{m.offset}: {e}") from None
+                out.append(Record(topic, tp.partition, m.offset, env))
+        return out
+
+    async def batches(self) -> AsyncIterator[list[Record]]:
+        """Yield non-empty batches forever (until the consumer stops)."""
+        while self._consumer is not None:
+            batch = await self.next_batch()
+            if batch:
+                yield batch
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The (logical topic, partition) pairs this consumer reads now."""
+        return {(self._logical[tp.topic], tp.partition) for tp in self._assigned}
+
+
+async def high_watermarks(settings: LogSettings, topics: Iterable[str] = ALL_TOPICS,
+                          timeout_s: float = 10.0) -> dict[tuple[str, int], int]:
+    """The end offset of each partition of the logical ``topics``, from fetch responses.
+
+    Reads at most a few bytes per partition: the high watermark comes with any fetch response.
+    """
+    consumer = AIOKafkaConsumer(**_common(settings), enable_auto_commit=False,
+                                max_partition_fetch_bytes=1024, fetch_max_bytes=64 * 1024)
+    await consumer.start()
+    try:
+        logical = {settings.topic(t): t for t in topics}
+        tps = []
+        for physical in logical:
+            parts = await _partitions_for(consumer, physical)
+            tps += [TopicPartition(physical, p) for p in sorted(parts)]
+        if not tps:
+            return {}
+        consumer.assign(tps)
+        for tp in tps:
+            await consumer.seek_to_beginning(tp)
+        result: dict[tuple[str, int], int] = {}
+        deadline = time.monotonic() + timeout_s
+        while len(result) < len(tps) and time.monotonic() < deadline:
+            await consumer.getmany(timeout_ms=200)
+            for tp in tps:
+                hw = consumer.highwater(tp)
+                if hw is not None:
+                    result[(logical[tp.topic], tp.partition)] = hw
+        if len(result) < len(tps):
+            raise LogError("timed out reading high watermarks", retryable=True)
+        return result
+    except KafkaError as e:
+        raise _classify(e, "reading high watermarks") from e
+    finally:
+        await consumer.stop()
+
+
+async def _partitions_for(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    parts = consumer.partitions_for_topic(topic)
+    if parts is None:
+        await consumer._client.force_metadata_update()
+        parts = consumer.partitions_for_topic(topic)
+    return set(parts or ())
