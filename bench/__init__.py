@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench [scenario ...]`` prints a table and writes bench/results/*.json."""

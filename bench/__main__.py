@@ -1,0 +1,80 @@
+"""Run benchmarks: ``python -m bench [--events N] [--bootstrap HOST:PORT] [--durable]``.
+
+Without ``--bootstrap`` it starts its own broker: tansu in memory, or on SeaweedFS with
+``--durable`` (the local stack's default storage), on free ports, and stops it afterwards.
+Prints a table of figures and writes the same as JSON to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from bench import log_throughput
+from services.common import procs
+from services.common.settings import load_settings
+
+
+def _broker(stack: ExitStack, durable: bool) -> str:
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hs-bench-")))
+    env: dict[str, str] = {}
+    storage = "memory://tansu/"
+    if durable:
+        base = procs.free_port()
+        ports = {p: procs.free_port() for p in ("master", "volume", "filer", "s3", "admin")}
+        weed = procs.spawn(
+            [procs.weed_binary(), "mini", f"-dir={tmp}/seaweed", "-ip=127.0.0.1",
+             "-ip.bind=127.0.0.1", "-bucket=tansu", "-webdav=false", "-admin.ui=false",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-master.port={ports['master']}",
+             f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+             f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
+             f"-debug.port={base}", f"-metricsPort={procs.free_port()}"],
+            log_path=tmp / "weed.log")
+        stack.callback(procs.terminate, weed.pid)
+        stack.callback(weed.wait)
+        procs.wait_for_port(ports["s3"], timeout=60, proc=weed, what="seaweedfs")
+        time.sleep(2)  # the bucket is created just after the S3 port opens
+        storage, env = "s3://tansu/", procs.s3_env(ports["s3"])
+    port = procs.free_port()
+    tansu = procs.spawn(procs.tansu_command(port, storage), log_path=tmp / "tansu.log", env=env)
+    stack.callback(tansu.wait)
+    stack.callback(procs.terminate, tansu.pid)
+    procs.wait_for_port(port, timeout=30, proc=tansu, what="tansu")
+    return f"127.0.0.1:{port}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
+    args = parser.parse_args()
+    settings = load_settings().log
+    with ExitStack() as stack:
+        bootstrap = args.bootstrap or _broker(stack, args.durable)
+        settings = msgspec.structs.replace(settings, bootstrap_servers=bootstrap)
+        storage = "external" if args.bootstrap else ("seaweedfs" if args.durable else "memory")
+        results = {"log": {"storage": storage, **log_throughput.main(settings, args.events)}}
+    table = Table(title=f"log adapter ({storage} broker)")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in results["log"].items():
+        table.add_row(key, str(value))
+    Console().print(table)
+    out = Path("bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"log-{storage}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
