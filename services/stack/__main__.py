@@ -1,0 +1,3 @@
+from services.stack.cli import main
+
+main()

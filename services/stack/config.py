@@ -1,0 +1,169 @@
+"""Stack-specific settings (ports, mode, data directory) on top of the shared service settings.
+
+Port scheme: the broker listens on ``kafka_port`` (by default the port of ``HS_KAFKA_BOOTSTRAP``,
+9092). SeaweedFS takes a block of 15 ports from ``seaweed_base_port`` (default 18300, away from
+SeaweedFS's own defaults so a stray ``weed`` never collides with the stack):
+
+    master base+0, volume +1, filer +2, s3 +3, admin +4, debug +5, metrics +6,
+    gRPC: master +10, volume +11, filer +12, s3 +13, admin +14
+
+Services take ports from ``service_base_port`` (default 18400) upwards. Tests pick free blocks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from services.common.settings import Settings, load_settings
+
+Mode = Literal["durable", "memory"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+SEAWEED_PORTS = {"master": 0, "volume": 1, "filer": 2, "s3": 3, "admin": 4, "debug": 5,
+                 "metrics": 6}
+SEAWEED_GRPC_PORTS = {"master": 10, "volume": 11, "filer": 12, "s3": 13, "admin": 14}
+SEAWEED_PORT_SPAN = 15
+
+
+class StackSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the local stack runs: broker storage, ports and timeouts."""
+
+    mode: Mode = "durable"
+    # None: the port of HS_KAFKA_BOOTSTRAP.
+    kafka_port: int | None = None
+    seaweed_base_port: int = 18300
+    service_base_port: int = 18400
+    # Seconds to wait for each component to answer.
+    start_timeout_s: float = 60.0
+    # Whether `up` may apt-get install mariadb-server when MariaDB is missing.
+    install_db: bool = True
+
+    def seaweed_port(self, name: str) -> int:
+        """The HTTP port of one SeaweedFS server (master, volume, filer, s3, ...)."""
+        return self.seaweed_base_port + SEAWEED_PORTS[name]
+
+    def seaweed_grpc_port(self, name: str) -> int:
+        """The gRPC port of one SeaweedFS server."""
+        return self.seaweed_base_port + SEAWEED_GRPC_PORTS[name]
+
+
+def _bool(value: str) -> bool:
+    if value.lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean, got {value!r}")
+
+
+def _mode(value: str) -> Mode:
+    if value == "durable":
+        return "durable"
+    if value == "memory":
+        return "memory"
+    raise ValueError(f"expected durable or memory, got {value!r}")
+
+
+_STACK_ENV = {
+    "HS_STACK_MODE": ("mode", _mode),
+    "HS_STACK_KAFKA_PORT": ("kafka_port", int),
+    "HS_STACK_SEAWEED_BASE_PORT": ("seaweed_base_port", int),
+    "HS_STACK_SERVICE_BASE_PORT": ("service_base_port", int),
+    "HS_STACK_START_TIMEOUT_S": ("start_timeout_s", float),
+    "HS_STACK_INSTALL_DB": ("install_db", _bool),
+}
+
+
+def load_stack_settings(env: Mapping[str, str] | None = None) -> StackSettings:
+    """Read ``HS_STACK_*`` variables from ``env`` (default: the process environment)."""
+    env = os.environ if env is None else env
+    fields: dict[str, object] = {}
+    for var, (field, parse) in _STACK_ENV.items():
+        if var in env:
+            try:
+                fields[field] = parse(env[var])  # type: ignore[operator]
+            except ValueError as e:
+                raise ValueError(f"{var}: {e}") from None
+    return StackSettings(**fields)  # type: ignore[arg-type]
+
+
+def _bootstrap_port(bootstrap: str) -> int:
+    first = bootstrap.split(",")[0].strip()
+    _, _, port = first.rpartition(":")
+    return int(port) if port.isdigit() else 9092
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """Everything `up`, `down` and `status` need: shared settings, stack settings, paths."""
+
+    settings: Settings
+    stack: StackSettings
+    data_dir: Path
+
+    @property
+    def kafka_port(self) -> int:
+        if self.stack.kafka_port is not None:
+            return self.stack.kafka_port
+        return _bootstrap_port(self.settings.log.bootstrap_servers)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.data_dir / "logs"
+
+    @property
+    def seaweed_dir(self) -> Path:
+        return self.data_dir / "seaweed"
+
+    @property
+    def state_path(self) -> Path:
+        return self.data_dir / "stack.json"
+
+    def log_path(self, component: str) -> Path:
+        return self.logs_dir / f"{component}.log"
+
+    def client_env(self) -> dict[str, str]:
+        """The variables a client (service, test, shell) needs to talk to this stack."""
+        db = self.settings.db
+        env = {
+            "HS_KAFKA_BOOTSTRAP": self.bootstrap,
+            "HS_DB_HOST": db.host,
+            "HS_DB_PORT": str(db.port),
+            "HS_DB_USER": db.user,
+            "HS_DB_NAME": db.name,
+            "HS_DATA_DIR": str(self.data_dir),
+        }
+        if db.password:
+            env["HS_DB_PASSWORD"] = db.password
+        if self.settings.log.topic_prefix:
+            env["HS_TOPIC_PREFIX"] = self.settings.log.topic_prefix
+        return env
+
+
+def load_config(env: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:
+    """Shared settings plus stack settings, with non-None ``overrides`` (from CLI options)."""
+    env = os.environ if env is None else env
+    settings = load_settings(env)
+    stack = load_stack_settings(env)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given:
+        stack = msgspec.structs.replace(stack, **given)
+    kafka_port = stack.kafka_port if stack.kafka_port is not None else _bootstrap_port(
+        settings.log.bootstrap_servers)
+    # The log settings the stack itself uses point at the broker it runs.
+    settings = msgspec.structs.replace(
+        settings, log=msgspec.structs.replace(settings.log,
+                                              bootstrap_servers=f"127.0.0.1:{kafka_port}"))
+    # The default data directory is var/ in the repository, wherever the CLI runs from.
+    data_dir = Path(env["HS_DATA_DIR"]) if "HS_DATA_DIR" in env else REPO_ROOT / "var"
+    return StackConfig(settings=settings, stack=stack, data_dir=data_dir.resolve())

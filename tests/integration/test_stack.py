@@ -1,0 +1,246 @@
+"""The local stack CLI, run as a user would: `up`, `status --json`, `down`, durability.
+
+Every stack here has its own data directory, free ports (never the defaults) and its own
+database, so it clashes neither with a developer's running stack nor with other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from services.common import procs
+from services.stack.config import SEAWEED_PORT_SPAN
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PORTS = {9092, 8333, 9333, 8080, 8888, 3306}
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port_block(span: int) -> int:
+    """The first of ``span`` consecutive free ports, below the ephemeral range."""
+    for _ in range(200):
+        base = random.randrange(20_000, 32_000 - span)
+        block = range(base, base + span)
+        if not DEFAULT_PORTS & set(block) and all(_bindable(p) for p in block):
+            return base
+    raise RuntimeError("no free port block")
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    data_dir: Path
+    kafka_port: int
+    s3_port: int
+    db_name: str
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "services.stack", *args], env=self.env,
+                              cwd=REPO, capture_output=True, text=True, timeout=240)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"stack {' '.join(args)} exited {proc.returncode}:\n"
+                                 f"{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def status(self) -> tuple[int, dict[str, Any]]:
+        proc = self.run("status", "--json", check=False)
+        return proc.returncode, json.loads(proc.stdout)
+
+    def recorded_pids(self) -> dict[str, int]:
+        try:
+            state = json.loads((self.data_dir / "stack.json").read_text())
+        except FileNotFoundError:
+            return {}
+        return {p["name"]: p["pid"] for p in state["processes"]}
+
+
+def _drop_database(name: str) -> None:
+    conn = pymysql.connect(host=os.environ.get("HS_DB_HOST", "127.0.0.1"),
+                           port=int(os.environ.get("HS_DB_PORT", "3306")),
+                           user=os.environ.get("HS_DB_USER", "root"),
+                           password=os.environ.get("HS_DB_PASSWORD", ""))
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+    finally:
+        conn.close()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp("stack")
+    seaweed_base = free_port_block(SEAWEED_PORT_SPAN)
+    kafka_port = procs.free_port()
+    db_name = f"hs_test_{uuid.uuid4().hex[:12]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HS_STACK_", "HS_KAFKA"))}
+    env.update({
+        "HS_DATA_DIR": str(data_dir),
+        "HS_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
+        "HS_STACK_SEAWEED_BASE_PORT": str(seaweed_base),
+        "HS_STACK_SERVICE_BASE_PORT": str(procs.free_port()),
+        "HS_STACK_MODE": "durable",
+        "HS_STACK_INSTALL_DB": "false",
+        "HS_DB_NAME": db_name,
+    })
+    st = Stack(env=env, data_dir=data_dir, kafka_port=kafka_port, s3_port=seaweed_base + 3,
+               db_name=db_name)
+    try:
+        yield st
+    finally:
+        try:
+            st.run("down", check=False)
+        finally:
+            # Whatever `down` missed (it should miss nothing) must not outlive the tests.
+            for pid in st.recorded_pids().values():
+                procs.terminate(pid, timeout=5)
+            _drop_database(db_name)
+
+
+def _wait_closed(port: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not procs.port_open(port):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_up_runs_durable_stack_and_status_reports_it(stack: Stack) -> None:
+    out = stack.run("up").stdout
+    assert f"HS_KAFKA_BOOTSTRAP={stack.bootstrap}" in out
+    code, status = stack.status()
+    assert code == 0, status["errors"]
+    assert status["ok"] and status["mode"] == "durable" and status["broker_ok"]
+    components = {c["name"]: c for c in status["components"]}
+    assert components["tansu"]["alive"] and components["tansu"]["listening"]
+    assert components["tansu"]["port"] == stack.kafka_port
+    assert components["seaweed"]["alive"] and components["seaweed"]["listening"]
+    assert components["seaweed"]["port"] == stack.s3_port
+    assert set(status["topics"]) >= {"batch-events", "control-events", "scheduler-events",
+                                     "completions"}
+    assert status["database"]["reachable"] and status["database"]["name"] == stack.db_name
+    assert status["env"]["HS_KAFKA_BOOTSTRAP"] == stack.bootstrap
+
+
+def test_up_twice_starts_no_duplicates(stack: Stack) -> None:
+    stack.run("up", "--quiet")
+    before = stack.recorded_pids()
+    out = stack.run("up", "--quiet").stdout
+    assert "already running" in out
+    assert stack.recorded_pids() == before
+    marks = (str(stack.data_dir), f"tcp://127.0.0.1:{stack.kafka_port}")
+    ours = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+            if any(m in _cmdline(pid) for m in marks) and procs.pid_alive(pid)]
+    assert sorted(ours) == sorted(before.values())
+    assert stack.status()[0] == 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+N_EVENTS = 200
+PARTITIONS = 4
+
+
+async def _publish(bootstrap: str, topic: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=10)
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, key=f"k{i % 10}".encode(), value=str(i).encode())
+                   for i in range(N_EVENTS)]
+        for fut in futures:
+            await fut
+    finally:
+        await producer.stop()
+
+
+async def _consume_all(bootstrap: str, topic: str) -> dict[int, list[tuple[int, int]]]:
+    """(offset, value) per partition, read from the beginning until N_EVENTS came back."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    got: dict[int, list[tuple[int, int]]] = {p: [] for p in range(PARTITIONS)}
+    try:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        deadline = time.monotonic() + 60
+        while sum(map(len, got.values())) < N_EVENTS and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for tp, records in batches.items():
+                got[tp.partition] += [(r.offset, int(r.value or b"-1")) for r in records]
+    finally:
+        await consumer.stop()
+    return got
+
+
+async def test_durable_stack_keeps_events_across_restart(stack: Stack) -> None:
+    stack.run("up", "--quiet")
+    topic = f"stack-test-{uuid.uuid4().hex[:8]}"
+    await _publish(stack.bootstrap, topic)
+    stack.run("down")
+    assert _wait_closed(stack.kafka_port)
+    stack.run("up", "--quiet")
+    got = await _consume_all(stack.bootstrap, topic)
+    values = sorted(v for records in got.values() for _, v in records)
+    assert values == list(range(N_EVENTS))
+    for records in got.values():
+        offsets = [o for o, _ in records]
+        assert offsets == list(range(len(records)))  # nothing lost or duplicated
+        assert [v for _, v in records] == sorted(v for _, v in records)  # order kept
+
+
+def test_down_stops_everything_and_is_idempotent(stack: Stack) -> None:
+    stack.run("up", "--quiet")
+    pids = stack.recorded_pids()
+    assert set(pids) == {"seaweed", "tansu"}
+    out = stack.run("down").stdout
+    assert "tansu: stopped" in out and "seaweed: stopped" in out
+    assert out.index("tansu: stopped") < out.index("seaweed: stopped")
+    assert not any(procs.pid_alive(pid) for pid in pids.values())
+    assert _wait_closed(stack.kafka_port) and _wait_closed(stack.s3_port)
+    assert stack.recorded_pids() == {}
+    code, status = stack.status()
+    assert code == 1 and not status["ok"]
+    assert not any(c["alive"] for c in status["components"])
+    again = stack.run("down")
+    assert again.returncode == 0 and "nothing to stop" in again.stdout
