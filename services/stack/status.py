@@ -108,6 +108,25 @@ async def _broker_facts(cfg: StackConfig, lag_topics: list[str]
     return topics, marks
 
 
+def _lag(offsets: list[tuple[str, str, int, int]],
+         marks: dict[tuple[str, int], int]) -> list[Lag]:
+    """Lag of every consumer on every partition of the topics it reads.
+
+    A partition the consumer has no row for yet has applied nothing: its whole length is lag.
+    """
+    stored = {(c, t, p): n for c, t, p, n in offsets}
+    reads = {(c, t) for c, t, _, _ in offsets}
+    keys = set(stored) | {(c, t, p) for c, t in reads for (mt, p) in marks if mt == t}
+    out = []
+    for consumer, topic, partition in sorted(keys):
+        next_offset = stored.get((consumer, topic, partition), 0)
+        hw = marks.get((topic, partition))
+        out.append(Lag(consumer=consumer, topic=topic, partition=partition,
+                       next_offset=next_offset, high_watermark=hw,
+                       lag=None if hw is None else max(0, hw - next_offset)))
+    return out
+
+
 def collect(cfg: StackConfig) -> StackStatus:
     """Probe every component; never raises for a component that is down."""
     state = load_state(cfg.state_path)
@@ -132,12 +151,7 @@ def collect(cfg: StackConfig) -> StackStatus:
             errors.append(f"broker query failed: {e!r}")
     else:
         errors.append(f"the broker is not listening on {cfg.bootstrap}")
-    lag = []
-    for consumer, topic, partition, next_offset in offsets:
-        hw = marks.get((topic, partition))
-        lag.append(Lag(consumer=consumer, topic=topic, partition=partition,
-                       next_offset=next_offset, high_watermark=hw,
-                       lag=None if hw is None else max(0, hw - next_offset)))
+    lag = _lag(offsets, marks)
     for c in components:
         if not (c.alive and c.listening):
             errors.append(f"{c.name} is not running" if not c.alive

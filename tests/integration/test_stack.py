@@ -21,10 +21,15 @@ from typing import Any
 
 import pymysql
 import pytest
+import sqlalchemy as sa
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from schemas.batch import BatchCreated
 from services.common import procs
+from services.common.log import ConsumerOptions, LogConsumer, Publisher, Record
+from services.common.offsets import MySQLOffsetStore
+from services.common.settings import TOPIC_BATCH, DatabaseSettings, LogSettings
 from services.stack.config import SEAWEED_PORT_SPAN
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -227,6 +232,37 @@ async def test_durable_stack_keeps_events_across_restart(stack: Stack) -> None:
         offsets = [o for o, _ in records]
         assert offsets == list(range(len(records)))  # nothing lost or duplicated
         assert [v for _, v in records] == sorted(v for _, v in records)  # order kept
+
+
+async def test_status_reports_consumer_lag_from_the_database(stack: Stack) -> None:
+    """Events published through the adapter, partly applied by a consumer that stores its
+    offsets in the stack's database: status reports exactly the unapplied remainder."""
+    stack.run("up", "--quiet")
+    log = LogSettings(bootstrap_servers=stack.bootstrap)
+    db = DatabaseSettings(name=stack.db_name)
+    async with Publisher(log) as pub:
+        await pub.publish_many([
+            BatchCreated(batch_id=i, user="u", billing_project="p", token=f"t{i}")
+            for i in range(100)])
+    engine = sa.create_engine(db.url())
+    try:
+        store = MySQLOffsetStore(engine)
+        options = ConsumerOptions(name="lag-probe", topics=[TOPIC_BATCH], group=False,
+                                  max_records=30)
+        async with LogConsumer(log, options, store) as consumer:
+            batch: list[Record] = []
+            while not batch:
+                batch = await consumer.next_batch()
+            applied, _ = store.apply(options.name, batch, lambda conn, fresh: None)
+    finally:
+        engine.dispose()
+    assert 0 < applied <= 30
+    code, status = stack.status()
+    assert code == 0
+    rows = [r for r in status["lag"] if r["consumer"] == "lag-probe"]
+    assert {r["topic"] for r in rows} == {TOPIC_BATCH}
+    assert sum(r["lag"] for r in rows) == 100 - applied
+    assert sum(r["next_offset"] for r in rows) == applied
 
 
 def test_down_stops_everything_and_is_idempotent(stack: Stack) -> None:
