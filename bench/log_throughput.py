@@ -17,7 +17,13 @@ import msgspec
 from schemas import codec
 from schemas.base import AttemptResource
 from schemas.execution import JobCompleted
-from services.common.log import ConsumerOptions, LogConsumer, Publisher, bootstrap_topics
+from services.common.log import (
+    ConsumerOptions,
+    LogConsumer,
+    Publisher,
+    bootstrap_topics,
+    delete_topics,
+)
 from services.common.settings import TOPIC_BATCH, LogSettings
 
 RES = [AttemptResource(resource="compute/n1-preemptible/1", quantity=1000),
@@ -35,6 +41,13 @@ async def run(settings: LogSettings, n: int = 200_000, chunk: int = 5_000,
               n_keys: int = 1_000) -> dict[str, Any]:
     settings = msgspec.structs.replace(settings, topic_prefix=f"bench-{uuid.uuid4().hex[:8]}-")
     await bootstrap_topics(settings, [TOPIC_BATCH])
+    try:
+        return await _measure(settings, n, chunk, n_keys)
+    finally:
+        await delete_topics(settings, [TOPIC_BATCH])
+
+
+async def _measure(settings: LogSettings, n: int, chunk: int, n_keys: int) -> dict[str, Any]:
     async with Publisher(settings) as pub:
         envelopes = [pub.envelope(event(i, n_keys)) for i in range(n)]
         size = sum(len(codec.encode(e)) for e in envelopes[:1000]) / 1000

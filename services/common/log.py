@@ -97,6 +97,18 @@ async def bootstrap_topics(settings: LogSettings, topics: Iterable[str] = ALL_TO
         await admin.close()
 
 
+async def delete_topics(settings: LogSettings, topics: Iterable[str]) -> None:
+    """Delete the logical ``topics`` (benchmarks and tests clean up after themselves)."""
+    admin = AIOKafkaAdminClient(**_common(settings))
+    await admin.start()
+    try:
+        await admin.delete_topics([settings.topic(t) for t in topics])
+    except KafkaError as e:
+        raise _classify(e, "deleting topics") from e
+    finally:
+        await admin.close()
+
+
 async def partitions_of(settings: LogSettings, topic: str) -> list[int]:
     """The partition numbers of a logical topic."""
     admin = AIOKafkaAdminClient(**_common(settings))
