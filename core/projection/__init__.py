@@ -1,0 +1,1 @@
+"""Pure projection logic: events (plus the little state they need) become row operations."""

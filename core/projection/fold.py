@@ -1,0 +1,198 @@
+"""Events that need no projection state become row operations directly.
+
+Each function maps one event (and the envelope's time) to operations. Every insert is
+idempotent on its primary key, so a bunch submitted twice changes nothing the second time.
+Events whose effect depends on current state (commit, cancellation) are planned in
+:mod:`core.projection.commit` and :mod:`core.projection.cancel` from state the sink loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from core.projection.ops import Delete, InsertIgnore, Op, Row, Update, Upsert
+from schemas.batch import (
+    BatchCreated,
+    BatchDeleted,
+    JobGroupsSubmitted,
+    JobsSubmitted,
+    UpdateOpened,
+)
+from schemas.control import (
+    BillingLimitSet,
+    BillingProjectClosed,
+    BillingProjectCreated,
+    BillingProjectDeleted,
+    BillingProjectMemberAdded,
+    BillingProjectMemberRemoved,
+    BillingProjectReopened,
+    ControlEvent,
+    ResourceRateSet,
+    TokenIssued,
+    TokenRevoked,
+    UserCreated,
+    UserDeleted,
+)
+
+
+def _json(attributes: Mapping[str, str]) -> str | None:
+    return json.dumps(dict(attributes), sort_keys=True) if attributes else None
+
+
+def fold_control(event: ControlEvent, time_ms: int) -> list[Op]:
+    """Operations for a control-plane event (users, tokens, billing projects, rates)."""
+    match event:
+        case UserCreated():
+            return [Upsert("users", [{
+                "name": event.user, "login_id": event.login_id,
+                "is_developer": event.is_developer,
+                "is_service_account": event.is_service_account,
+                "deleted": False, "time_created_ms": time_ms, "time_deleted_ms": None,
+            }], ("login_id", "is_developer", "is_service_account", "deleted",
+                 "time_deleted_ms"))]
+        case UserDeleted():
+            return [Update("users", {"deleted": True, "time_deleted_ms": time_ms},
+                           {"name": event.user})]
+        case TokenIssued():
+            return [InsertIgnore("auth_tokens", [{
+                "token_id": event.token_id, "user": event.user,
+                "token_hash": event.token_sha256, "time_created_ms": time_ms,
+                "expires_at_ms": event.expires_at_ms,
+            }])]
+        case TokenRevoked():
+            return [Update("auth_tokens", {"revoked": True, "time_revoked_ms": time_ms},
+                           {"token_id": event.token_id, "user": event.user})]
+        case BillingProjectCreated():
+            return [Upsert("billing_projects", [{
+                "name": event.billing_project, "status": "open", "limit_usd": None,
+                "time_created_ms": time_ms, "time_updated_ms": time_ms,
+            }], ("status", "time_updated_ms"))]
+        case BillingProjectClosed() | BillingProjectReopened() | BillingProjectDeleted():
+            status = {BillingProjectClosed: "closed", BillingProjectReopened: "open",
+                      BillingProjectDeleted: "deleted"}[type(event)]
+            return [Update("billing_projects", {"status": status, "time_updated_ms": time_ms},
+                           {"name": event.billing_project})]
+        case BillingProjectMemberAdded():
+            return [InsertIgnore("billing_project_users", [{
+                "billing_project": event.billing_project, "user": event.user,
+                "time_added_ms": time_ms}])]
+        case BillingProjectMemberRemoved():
+            return [Delete("billing_project_users",
+                           {"billing_project": event.billing_project, "user": event.user})]
+        case BillingLimitSet():
+            limit = None if event.limit is None else str(event.limit)
+            return [Update("billing_projects", {"limit_usd": limit, "time_updated_ms": time_ms},
+                           {"name": event.billing_project})]
+        case ResourceRateSet():
+            product, _, version = event.resource.rpartition("/")
+            return [Upsert("resources", [{
+                "resource": event.resource, "product": product or event.resource,
+                "version": version if product else "1", "rate": str(event.rate),
+                "time_created_ms": time_ms}], ("rate",))]
+    raise TypeError(f"not a control event: {type(event).__name__}")
+
+
+def fold_batch_created(event: BatchCreated, time_ms: int) -> list[Op]:
+    """The batch row, its attributes, its root job group (0) and the group's counters."""
+    b = event.batch_id
+    ops: list[Op] = [
+        InsertIgnore("batches", [{
+            "id": b, "user": event.user, "billing_project": event.billing_project,
+            "token": event.token, "attributes": _json(event.attributes),
+            "callback": event.callback, "cancel_after_n_failures": event.cancel_after_n_failures,
+            "time_created_ms": time_ms}]),
+        InsertIgnore("job_groups", [{
+            "batch_id": b, "job_group_id": 0, "update_id": None, "parent_id": None, "depth": 0,
+            "attributes": _json(event.attributes), "callback": event.callback,
+            "cancel_after_n_failures": event.cancel_after_n_failures, "committed": True,
+            "time_created_ms": time_ms}]),
+        InsertIgnore("job_group_self_and_ancestors", [
+            {"batch_id": b, "job_group_id": 0, "ancestor_id": 0, "level": 0}]),
+        InsertIgnore("job_group_job_counts", [{"batch_id": b, "job_group_id": 0}]),
+    ]
+    if event.attributes:
+        ops.append(InsertIgnore("batch_attributes", [
+            {"batch_id": b, "attr_key": k, "attr_value": v} for k, v in event.attributes.items()
+        ]))
+    return ops
+
+
+def fold_update_opened(event: UpdateOpened, time_ms: int) -> list[Op]:
+    """The update row (uncommitted)."""
+    return [InsertIgnore("batch_updates", [{
+        "batch_id": event.batch_id, "update_id": event.update_id, "token": event.token,
+        "start_job_id": event.start_job_id, "n_jobs": event.n_jobs,
+        "start_job_group_id": event.start_job_group_id, "n_job_groups": event.n_job_groups,
+        "time_created_ms": time_ms}])]
+
+
+def fold_job_groups(event: JobGroupsSubmitted, time_ms: int,
+                    parent_ancestry: Mapping[int, Sequence[tuple[int, int]]]) -> list[Op]:
+    """Group rows (uncommitted), closure rows, attributes and zeroed counters.
+
+    Args:
+        event: the bunch.
+        time_ms: when it was appended.
+        parent_ancestry: for each parent *outside* the bunch, its (ancestor, level) pairs
+            including itself at level 0. Parents inside the bunch come before their children.
+
+    """
+    b = event.batch_id
+    ancestry: dict[int, list[tuple[int, int]]] = {k: list(v) for k, v in parent_ancestry.items()}
+    groups: list[Row] = []
+    closure: list[Row] = []
+    attrs: list[Row] = []
+    counts: list[Row] = []
+    for g in event.job_groups:
+        chain = [(g.job_group_id, 0)] + [(a, lvl + 1) for a, lvl in ancestry[g.parent_id]]
+        ancestry[g.job_group_id] = chain
+        groups.append({
+            "batch_id": b, "job_group_id": g.job_group_id, "update_id": event.update_id,
+            "parent_id": g.parent_id, "depth": len(chain) - 1, "attributes": _json(g.attributes),
+            "callback": g.callback, "cancel_after_n_failures": g.cancel_after_n_failures,
+            "time_created_ms": time_ms})
+        closure += [{"batch_id": b, "job_group_id": g.job_group_id, "ancestor_id": a,
+                     "level": lvl} for a, lvl in chain]
+        attrs += [{"batch_id": b, "job_group_id": g.job_group_id, "attr_key": k,
+                   "attr_value": v} for k, v in g.attributes.items()]
+        counts.append({"batch_id": b, "job_group_id": g.job_group_id})
+    ops: list[Op] = [InsertIgnore("job_groups", groups),
+                     InsertIgnore("job_group_self_and_ancestors", closure),
+                     InsertIgnore("job_group_job_counts", counts)]
+    if attrs:
+        ops.append(InsertIgnore("job_group_attributes", attrs))
+    return ops
+
+
+def fold_jobs(event: JobsSubmitted) -> list[Op]:
+    """Job rows (uncommitted, Pending until the commit decides), parent edges, attributes."""
+    b = event.batch_id
+    jobs: list[Row] = []
+    parents: list[Row] = []
+    attrs: list[Row] = []
+    for j in event.jobs:
+        r = j.resources
+        jobs.append({
+            "batch_id": b, "job_id": j.job_id, "update_id": event.update_id,
+            "job_group_id": j.job_group_id, "always_run": j.always_run,
+            "n_max_attempts": j.n_max_attempts, "cores_mcpu": r.cores_mcpu,
+            "memory_bytes": r.memory_bytes, "storage_gib": r.storage_gib,
+            "machine_type": r.machine_type, "preemptible": r.preemptible,
+            "regions": None if r.regions is None else json.dumps(r.regions),
+            "inst_coll": j.inst_coll, "spec": j.spec})
+        parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p} for p in j.parent_ids]
+        attrs += [{"batch_id": b, "job_id": j.job_id, "attr_key": k, "attr_value": v}
+                  for k, v in j.attributes.items()]
+    ops: list[Op] = [InsertIgnore("jobs", jobs)]
+    if parents:
+        ops.append(InsertIgnore("job_parents", parents))
+    if attrs:
+        ops.append(InsertIgnore("job_attributes", attrs))
+    return ops
+
+
+def fold_batch_deleted(event: BatchDeleted, time_ms: int) -> list[Op]:
+    """The batch becomes invisible (its cancellation is a separate fact)."""
+    return [Update("batches", {"deleted": True, "time_deleted_ms": time_ms},
+                   {"id": event.batch_id})]

@@ -1,0 +1,113 @@
+"""Row operations: what the projector's pure code asks the sink to do.
+
+Operations are plain data naming a table and columns, never SQL. The sink turns a run of
+operations of the same shape into one multi-row statement, so a bunch of 1,024 jobs is one
+INSERT, not 1,024. Counter increments on the same key merge by addition; increments commute
+with each other, so the sink may defer and merge them until it next reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+Value: TypeAlias = int | str | bool | None
+Row: TypeAlias = Mapping[str, Value]
+
+
+@dataclass(frozen=True)
+class InsertIgnore:
+    """Insert rows; a row whose key exists is left as it is (idempotent re-submission)."""
+
+    table: str
+    rows: Sequence[Row]
+
+
+@dataclass(frozen=True)
+class Upsert:
+    """Insert rows, or set ``update`` columns of an existing row to the new row's values."""
+
+    table: str
+    rows: Sequence[Row]
+    update: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Update:
+    """Set columns of the rows matching ``where`` (equality on every key)."""
+
+    table: str
+    values: Row
+    where: Row
+
+
+@dataclass(frozen=True)
+class UpdateIn:
+    """Set columns of the rows matching ``where`` whose ``column`` is one of ``values_in``.
+
+    One statement for many rows that get the same values (a commit sets a few distinct
+    (state, pending parents) combinations on thousands of jobs).
+    """
+
+    table: str
+    values: Row
+    where: Row
+    column: str
+    values_in: Sequence[int]
+
+
+@dataclass(frozen=True)
+class Increment:
+    """Add ``deltas`` to the counters of the row with ``key`` (created at zero if missing)."""
+
+    table: str
+    key: Row
+    deltas: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Delete:
+    """Delete the rows matching ``where``."""
+
+    table: str
+    where: Row
+
+
+Op: TypeAlias = InsertIgnore | Upsert | Update | UpdateIn | Increment | Delete
+
+
+@dataclass
+class Increments:
+    """Increments merged by (table, key): many state changes become one row write each."""
+
+    _by_key: dict[tuple[str, tuple[tuple[str, Value], ...]], dict[str, int]] = field(
+        default_factory=dict)
+
+    def add(self, op: Increment) -> None:
+        """Merge ``op`` into the pending increments."""
+        key = (op.table, tuple(sorted(op.key.items())))
+        merged = self._by_key.setdefault(key, {})
+        for column, delta in op.deltas.items():
+            merged[column] = merged.get(column, 0) + delta
+
+    def drain(self) -> list[Increment]:
+        """The merged increments (zero deltas dropped), in a stable order; then empty."""
+        out = []
+        for (table, key), deltas in sorted(self._by_key.items(), key=lambda kv: repr(kv[0])):
+            nonzero = {c: d for c, d in deltas.items() if d != 0}
+            if nonzero:
+                out.append(Increment(table, dict(key), nonzero))
+        self._by_key.clear()
+        return out
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+def merge_increments(ops: Iterable[Increment]) -> list[Increment]:
+    """Merge increments on the same (table, key) by adding their deltas."""
+    acc = Increments()
+    for op in ops:
+        acc.add(op)
+    return acc.drain()
