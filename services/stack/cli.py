@@ -48,7 +48,8 @@ def _summary(cfg: StackConfig) -> None:
     console.print()
     for c in st.components:
         mark = "[green]up[/green]" if c.alive and c.listening else "[red]down[/red]"
-        console.print(f"  {c.name:<10} {mark}  127.0.0.1:{c.port}  pid {c.pid}  log {c.log}",
+        where = f"127.0.0.1:{c.port}" if c.port else "(no port)"
+        console.print(f"  {c.name:<10} {mark}  {where}  pid {c.pid}  log {c.log}",
                       highlight=False)
     if cfg.stack.mode == "durable":
         console.print(f"  {SEAWEED} S3 endpoint: "

@@ -31,7 +31,7 @@ class ServiceSpec(NamedTuple):
 
 
 SERVICES: list[ServiceSpec] = [
-    # ServiceSpec("ingest", ("-m", "services.ingest", "--port", "{port}"), port_offset=0),
+    ServiceSpec("projector", ("-m", "services.projector"), port_offset=None),
 ]
 
 

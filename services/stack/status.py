@@ -76,7 +76,8 @@ def _components(cfg: StackConfig, mode: str) -> list[ComponentStatus]:
         port = rec.port if rec is not None else (comp.port or None)
         out.append(ComponentStatus(
             name=comp.name, pid=rec.pid if rec is not None else None, alive=alive, port=port,
-            listening=bool(port) and procs.port_open(port or 0),
+            # A component without a port (the projector) is serving when it is alive.
+            listening=alive if not port else procs.port_open(port),
             log=rec.log if rec is not None else str(cfg.log_path(comp.name))))
     return out
 

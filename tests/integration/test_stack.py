@@ -164,10 +164,20 @@ def test_up_twice_starts_no_duplicates(stack: Stack) -> None:
     assert "already running" in out
     assert stack.recorded_pids() == before
     marks = (str(stack.data_dir), f"tcp://127.0.0.1:{stack.kafka_port}")
+    # Infrastructure carries the data dir or port on its command line; services carry the
+    # stack's data dir in their environment.
     ours = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-            if any(m in _cmdline(pid) for m in marks) and procs.pid_alive(pid)]
+            if procs.pid_alive(pid) and (any(m in _cmdline(pid) for m in marks)
+                                         or f"HS_DATA_DIR={stack.data_dir}" in _environ(pid))]
     assert sorted(ours) == sorted(before.values())
     assert stack.status()[0] == 0
+
+
+def _environ(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
 
 
 def _cmdline(pid: int) -> str:
@@ -268,9 +278,10 @@ async def test_status_reports_consumer_lag_from_the_database(stack: Stack) -> No
 def test_down_stops_everything_and_is_idempotent(stack: Stack) -> None:
     stack.run("up", "--quiet")
     pids = stack.recorded_pids()
-    assert set(pids) == {"seaweed", "tansu"}
+    assert set(pids) == {"seaweed", "tansu", "projector"}
     out = stack.run("down").stdout
     assert "tansu: stopped" in out and "seaweed: stopped" in out
+    assert out.index("projector: stopped") < out.index("tansu: stopped")
     assert out.index("tansu: stopped") < out.index("seaweed: stopped")
     assert not any(procs.pid_alive(pid) for pid in pids.values())
     assert _wait_closed(stack.kafka_port) and _wait_closed(stack.s3_port)
