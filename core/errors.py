@@ -1,0 +1,48 @@
+"""Domain errors: what a request did wrong, with the HTTP status the API reports for it.
+
+The core raises these and nothing else for bad input; the web layer maps them to responses in
+one place (``status`` and ``message``, the latter being the body clients match on). Errors of the
+infrastructure (broker, database) are not domain errors and never subclass :class:`DomainError`.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class DomainError(Exception):
+    """A request the domain refuses. ``message`` is the text the client sees."""
+
+    status: ClassVar[int] = 400
+
+    def __init__(self, message: str) -> None:
+        """Create the error.
+
+        Args:
+            message: What is wrong, worded for the client (tests match on it).
+
+        """
+        super().__init__(message)
+        self.message = message
+
+    def __repr__(self) -> str:
+        """Class name and message, for logs and test output."""
+        return f"{type(self).__name__}({self.message!r})"
+
+
+class BadRequest(DomainError):
+    """The request is malformed or asks for something impossible (HTTP 400)."""
+
+    status: ClassVar[int] = 400
+
+
+class Forbidden(DomainError):
+    """The caller may not do this, e.g. with this billing project (HTTP 403)."""
+
+    status: ClassVar[int] = 403
+
+
+class NotFound(DomainError):
+    """The thing named does not exist or is not visible to the caller (HTTP 404)."""
+
+    status: ClassVar[int] = 404
