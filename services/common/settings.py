@@ -121,3 +121,11 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         db=DatabaseSettings(**_pick(env, _DB_ENV)),  # type: ignore[arg-type]
         data_dir=env.get("HS_DATA_DIR", "var"),
     )
+
+PROJECTOR_CONSUMER = "projector"
+"""The projector's group id and the owner of its stored offsets (before the topic prefix)."""
+
+
+def projector_consumer(log: LogSettings) -> str:
+    """The projector's consumer name as stored in ``applied_offsets``."""
+    return f"{log.topic_prefix}{PROJECTOR_CONSUMER}"

@@ -21,7 +21,7 @@ from faust.types import TP
 from schemas import codec
 from schemas import topics as logical_topics
 from services.common.log import Record
-from services.common.settings import Settings
+from services.common.settings import PROJECTOR_CONSUMER, Settings
 from services.projector.sink import Sink
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,8 @@ def _records(events: Iterable[Any], logical: dict[str, str]) -> list[Record]:
     return out
 
 
-def create_app(settings: Settings, engine: sa.Engine, *, name: str = "projector") -> faust.App:
+def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER
+               ) -> faust.App:
     """The projector app. ``name`` is its group id and the owner of its stored offsets."""
     s = settings.log
     app = faust.App(
