@@ -1,0 +1,373 @@
+"""Validation of job specs: a bunch of the API's job specs becomes a list of :class:`JobRecord`.
+
+A job spec is checked key by key (unknown keys are refused, null counts as absent for optional
+keys), then its ids are resolved (``in_update_*`` ids map to ``start + id - 1``), its parents and
+job group are checked, and its resources are normalised by :mod:`core.resources`. The spec is
+kept verbatim as JSON text in the record; the worker reads it from there. Note that, as in the
+reference, a spec without ``always_copy_output`` means ``true`` and a JVM process without
+``profile`` means ``false``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Final
+
+import msgspec
+
+from core.errors import BadRequest
+from core.resources import InstCollConfig, normalize_resources, parse_cpu_mcpu
+from core.specs import (
+    ROOT_JOB_GROUP_ID,
+    expect_bool,
+    expect_bunch,
+    expect_int,
+    expect_int_list,
+    expect_list,
+    expect_object,
+    expect_str,
+    expect_str_dict,
+    expect_str_list,
+    resolve_in_update_id,
+)
+from schemas.batch import JobRecord
+
+DEFAULT_N_MAX_ATTEMPTS: Final = 20
+JVM_CPU_MCPU: Final = frozenset({1000, 2000, 4000, 8000})
+
+_K8S_LABEL: Final = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_K8S_NAME_RE: Final = re.compile(rf"{_K8S_LABEL}(?:\.{_K8S_LABEL})*")
+_SHA1_RE: Final = re.compile(r"[0-9A-Fa-f]{40}")
+_PROCESS_KEYS: Final = {
+    "docker": frozenset({"type", "command", "image", "mount_docker_socket"}),
+    "jvm": frozenset({"type", "jar_spec", "command", "profile"}),
+}
+
+
+def _positive_int(name: str, value: Any) -> int:
+    return expect_int(name, value, minimum=1)
+
+
+def _timeout(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+        isinstance(value, float) and not math.isfinite(value)
+    ):
+        raise BadRequest(f"{name} is not numeric")
+    if value <= 0:
+        raise BadRequest(f"{name} does not satisfy the condition x > 0")
+    return value
+
+
+def _network(name: str, value: Any) -> str:
+    if value not in ("public", "private"):
+        raise BadRequest(f"{name} must be one of: ['private', 'public']")
+    return str(value)
+
+
+def _k8s_name(name: str, value: Any) -> str:
+    text = expect_str(name, value)
+    if len(text) > 253 or not _K8S_NAME_RE.fullmatch(text):
+        raise BadRequest(f"{name} is not a valid Kubernetes name")
+    return text
+
+
+def _env(name: str, value: Any) -> list[dict[str, Any]]:
+    items = expect_list(name, value)
+    for i, item in enumerate(items):
+        var = expect_object(f"{name}[{i}]", item, allowed=("name", "value"),
+                            required=("name", "value"))
+        expect_str(f"{name}[{i}].name", var["name"])
+        expect_str(f"{name}[{i}].value", var["value"])
+    return items
+
+
+def _files(name: str, value: Any) -> list[dict[str, Any]]:
+    items = expect_list(name, value)
+    for i, item in enumerate(items):
+        pair = expect_object(f"{name}[{i}]", item, allowed=("from", "to"), required=("from", "to"))
+        expect_str(f"{name}[{i}].from", pair["from"])
+        expect_str(f"{name}[{i}].to", pair["to"])
+    return items
+
+
+def _cloudfuse(name: str, value: Any) -> list[dict[str, Any]]:
+    items = expect_list(name, value)
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]"
+        mount = expect_object(where, item, allowed=("bucket", "mount_path", "read_only"),
+                              required=("bucket", "mount_path", "read_only"))
+        expect_str(f"{where}.bucket", mount["bucket"], non_empty=True)
+        expect_str(f"{where}.mount_path", mount["mount_path"], non_empty=True)
+        expect_bool(f"{where}.read_only", mount["read_only"])
+        if not mount["read_only"]:
+            raise BadRequest(f"Only read-only cloudfuse requests are supported. Found {mount}")
+        if mount["mount_path"] == "/io":
+            raise BadRequest(
+                f"Cloudfuse requests with mount_path=/io are not supported. Found {mount}"
+            )
+    return items
+
+
+def _secrets(name: str, value: Any) -> list[dict[str, Any]]:
+    items = expect_list(name, value)
+    for i, item in enumerate(items):
+        where = f"{name}[{i}]"
+        secret = expect_object(where, item, allowed=("namespace", "name", "mount_path"),
+                               required=("namespace", "name", "mount_path"))
+        _k8s_name(f"{where}.namespace", secret["namespace"])
+        _k8s_name(f"{where}.name", secret["name"])
+        expect_str(f"{where}.mount_path", secret["mount_path"])
+    return items
+
+
+def _service_account(name: str, value: Any) -> dict[str, Any]:
+    account = expect_object(name, value, allowed=("namespace", "name"),
+                            required=("namespace", "name"))
+    _k8s_name(f"{name}.namespace", account["namespace"])
+    _k8s_name(f"{name}.name", account["name"])
+    return account
+
+
+def _resources(name: str, value: Any) -> dict[str, Any]:
+    # Keys and values are checked by normalize_resources; here only the shape.
+    if not isinstance(value, dict):
+        raise BadRequest(f"{name} is not an object")
+    return value
+
+
+def _process(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{name} is not an object")
+    if "type" not in value:
+        raise BadRequest(f"{name} missing required key type.")
+    kind = value["type"]
+    if not isinstance(kind, str) or kind not in _PROCESS_KEYS:
+        raise BadRequest(f"{name}.type must be one of: ['docker', 'jvm']")
+    if kind == "docker":
+        process = expect_object(name, value, allowed=_PROCESS_KEYS["docker"],
+                                required=("command", "image"))
+        expect_str(f"{name}.image", process["image"])
+        socket = process.get("mount_docker_socket")
+        if socket is not None and expect_bool(f"{name}.mount_docker_socket", socket):
+            raise BadRequest(
+                "mount_docker_socket is no longer supported but was set to True in request. "
+                "Please upgrade."
+            )
+    else:
+        process = expect_object(name, value, allowed=_PROCESS_KEYS["jvm"],
+                                required=("jar_spec", "command"))
+        jar = expect_object(f"{name}.jar_spec", process["jar_spec"], allowed=("type", "value"),
+                            required=("type", "value"))
+        if jar["type"] not in ("git_revision", "jar_url"):
+            raise BadRequest(f"{name}.jar_spec.type must be one of: ['git_revision', 'jar_url']")
+        revision = expect_str(f"{name}.jar_spec.value", jar["value"])
+        if jar["type"] == "git_revision" and not _SHA1_RE.fullmatch(revision):
+            raise BadRequest(
+                f"revision must be 40 character hexadecimal encoded SHA-1, got: {revision}"
+            )
+        if process.get("profile") is not None:
+            expect_bool(f"{name}.profile", process["profile"])
+    expect_str_list(f"{name}.command", process["command"])
+    return process
+
+
+_FIELDS: Final[dict[str, Callable[[str, Any], object]]] = {
+    "job_id": expect_int,
+    "process": _process,
+    "absolute_parent_ids": expect_int_list,
+    "in_update_parent_ids": expect_int_list,
+    "parent_ids": expect_int_list,
+    "absolute_job_group_id": expect_int,
+    "in_update_job_group_id": expect_int,
+    "always_run": expect_bool,
+    "always_copy_output": expect_bool,
+    "n_max_attempts": _positive_int,
+    "attributes": expect_str_dict,
+    "env": _env,
+    "resources": _resources,
+    "input_files": _files,
+    "output_files": _files,
+    "cloudfuse": _cloudfuse,
+    "timeout": _timeout,
+    "regions": expect_str_list,
+    "network": _network,
+    "unconfined": expect_bool,
+    "user_code": expect_str,
+    "port": expect_int,
+    "secrets": _secrets,
+    "service_account": _service_account,
+    "requester_pays_project": expect_str,
+    "mount_tokens": expect_bool,
+}
+"""Every key a job spec may have, with its check (in the order checks run)."""
+
+
+def check_job_spec(name: str, obj: Any, *, is_developer: bool = False) -> dict[str, Any]:
+    """Check one job spec's keys and value types, and what only developers may ask for.
+
+    Args:
+        name: How messages name the spec, e.g. ``"jobs[3]"``.
+        obj: The decoded spec.
+        is_developer: Whether the submitter may use private networks, unconfined containers,
+            secrets and service accounts.
+
+    Returns:
+        The spec, with null optional keys dropped.
+
+    Raises:
+        BadRequest: A key is unknown, missing or malformed, or the submitter may not use it.
+
+    """
+    spec = expect_object(name, obj, allowed=_FIELDS.keys(), required=("job_id", "process"))
+    spec = {k: v for k, v in spec.items() if v is not None or k in ("job_id", "process")}
+    for key, check in _FIELDS.items():
+        if key in spec:
+            check(f"{name}.{key}", spec[key])
+    if "absolute_job_group_id" in spec and "in_update_job_group_id" in spec:
+        raise BadRequest(
+            f"{name} must not have both absolute_job_group_id and in_update_job_group_id"
+        )
+    if not is_developer:
+        network = spec.get("network", "public")
+        if network != "public":
+            raise BadRequest(f"unauthorized network {network}")
+        if spec.get("unconfined"):
+            raise BadRequest("unauthorized use of unconfined=True")
+        if spec.get("secrets"):
+            pairs = [(s["namespace"], s["name"]) for s in spec["secrets"]]
+            raise BadRequest(f"unauthorized secret {pairs}")
+        account = spec.get("service_account")
+        if account is not None:
+            raise BadRequest(
+                f"unauthorized service account {(account['namespace'], account['name'])}"
+            )
+    return spec
+
+
+def job_records(
+    objs: Any,
+    *,
+    start_job_id: int,
+    n_jobs: int,
+    start_job_group_id: int,
+    n_job_groups: int,
+    config: InstCollConfig,
+    known_group: Callable[[int], bool],
+    is_developer: bool = False,
+    batch_id: int | None = None,
+) -> list[JobRecord]:
+    """Validate a bunch of job specs of an update and turn them into records.
+
+    Args:
+        objs: The decoded JSON array of job specs.
+        start_job_id: The update's first job id.
+        n_jobs: How many jobs the update reserved.
+        start_job_group_id: The update's first job-group id.
+        n_job_groups: How many job groups the update reserved.
+        config: The instance collections, for resources.
+        known_group: Whether an absolute job-group id names a group the jobs may join: one
+            of earlier updates, or of this update's job-group bunches already accepted
+            (create-fast and update-fast: the groups of the same request). The root is
+            always known.
+        is_developer: Whether the submitter may use developer-only features.
+        batch_id: When given, messages name jobs as the reference does, ``(batch_id, job_id)``.
+
+    Returns:
+        One record per spec, in order, with absolute ids.
+
+    Raises:
+        BadRequest: The bunch or a spec is malformed, ids are out of range or not contiguous,
+            parents are invalid or duplicated, a job group does not exist, or the resources
+            cannot be satisfied.
+
+    """
+    specs = [check_job_spec(f"jobs[{i}]", obj, is_developer=is_developer)
+             for i, obj in enumerate(expect_bunch("jobs", objs))]
+    out_of_range = [s["job_id"] for s in specs if not 1 <= s["job_id"] <= n_jobs]
+    if out_of_range:
+        raise BadRequest(f"job ids {out_of_range} are out of range")
+    absolute_ids = [resolve_in_update_id(s["job_id"], start_job_id) for s in specs]
+    for before, after in itertools.pairwise(absolute_ids):
+        if after != before + 1:
+            raise BadRequest(f"noncontiguous job ids found in the spec: {before} -> {after}")
+
+    records = []
+    for i, (spec, raw, job_id) in enumerate(zip(specs, objs, absolute_ids, strict=True)):
+        label = str(job_id) if batch_id is None else str((batch_id, job_id))
+        parent_ids = _parents(spec, job_id, start_job_id)
+        group_id = _job_group(f"jobs[{i}]", spec, job_id, start_job_group_id, n_job_groups)
+        if group_id != ROOT_JOB_GROUP_ID and not known_group(group_id):
+            raise BadRequest(f"job {job_id}: job group {group_id} does not exist")
+        if spec["process"]["type"] == "jvm":
+            _check_jvm_resources(spec.get("resources") or {})
+        resources, inst_coll = normalize_resources(
+            spec.get("resources"), config=config, regions=spec.get("regions"), job=label,
+            name=f"jobs[{i}].resources",
+        )
+        records.append(JobRecord(
+            job_id=job_id,
+            job_group_id=group_id,
+            parent_ids=parent_ids,
+            always_run=spec.get("always_run", False),
+            n_max_attempts=spec.get("n_max_attempts", DEFAULT_N_MAX_ATTEMPTS),
+            resources=resources,
+            inst_coll=inst_coll,
+            attributes=spec.get("attributes", {}),
+            spec=msgspec.json.encode(raw).decode(),
+        ))
+    return records
+
+
+def _parents(spec: dict[str, Any], job_id: int, start_job_id: int) -> list[int]:
+    in_update_id = spec["job_id"]
+    absolute = [*spec.get("absolute_parent_ids", []), *spec.get("parent_ids", [])]
+    in_update = spec.get("in_update_parent_ids", [])
+    bad = [p for p in absolute if not 1 <= p < job_id]
+    bad += [p for p in in_update if not 1 <= p < in_update_id]
+    if bad:
+        raise BadRequest(
+            f"parent job ids {bad} are out of range: a parent of job {job_id} must be an earlier "
+            f"job of the batch"
+        )
+    parents = absolute + [resolve_in_update_id(p, start_job_id) for p in in_update]
+    duplicated = sorted(p for p, n in Counter(parents).items() if n > 1)
+    if duplicated:
+        raise BadRequest(
+            f"bunch contains job with duplicated parents: job {job_id} names {duplicated} "
+            f"more than once"
+        )
+    return sorted(parents)
+
+
+def _job_group(
+    name: str, spec: dict[str, Any], job_id: int, start_job_group_id: int, n_job_groups: int
+) -> int:
+    if "in_update_job_group_id" in spec:
+        group = spec["in_update_job_group_id"]
+        if group == 0 and start_job_group_id == 1:
+            return ROOT_JOB_GROUP_ID
+        if 1 <= group <= n_job_groups:
+            return resolve_in_update_id(group, start_job_group_id)
+        raise BadRequest(
+            f"{name}.in_update_job_group_id {group} of job {job_id} is out of range"
+        )
+    group = spec.get("absolute_job_group_id", ROOT_JOB_GROUP_ID)
+    if group < 0:
+        raise BadRequest(f"job {job_id}: job group {group} does not exist")
+    return int(group)
+
+
+def _check_jvm_resources(resources: Any) -> None:
+    if not isinstance(resources, dict):
+        return  # normalize_resources reports it
+    cpu = resources.get("cpu")
+    if cpu is not None and parse_cpu_mcpu(cpu) not in JVM_CPU_MCPU:
+        raise BadRequest("invalid cpu for jvm jobs. must be 1, 2, 4, or 8")
+    if resources.get("memory") == "lowmem":
+        raise BadRequest("jvm jobs cannot be on lowmem machines")
+    if resources.get("machine_type"):
+        raise BadRequest("jvm jobs may not specify machine_type")
