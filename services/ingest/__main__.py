@@ -1,0 +1,53 @@
+"""``python -m services.ingest [--port N]``: serve the REST API until stopped."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+
+import sqlalchemy as sa
+from aiohttp import web
+
+from core.resources import default_config
+from services.common.log import Publisher
+from services.common.settings import load_settings, projector_consumer
+from services.ingest.app import create_app
+from services.ingest.commands import Commands
+from services.ingest.store import Store
+
+
+async def serve(port: int) -> None:
+    settings = load_settings()
+    engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
+                              pool_pre_ping=True)
+    store = Store(engine, projector_consumer(settings.log))
+    try:
+        async with Publisher(settings.log) as publisher:
+            app = create_app(store, Commands(store, publisher, default_config()))
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            logging.getLogger(__name__).info("ingest listening on 127.0.0.1:%d", port)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await runner.cleanup()
+    finally:
+        engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m services.ingest")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("HS_INGEST_PORT", "5000")))
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Write commands: validate with the core, allocate ids, append events, wait for the projector.
+
+A command never touches projection tables. It reads them to validate (after read-your-writes,
+they reflect every write this client saw acknowledged), appends events for one batch in one
+ordered publish (one partition key), then waits, bounded, until the projector applied them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from core.errors import BadRequest, Forbidden, NotFound
+from core.job_specs import job_records
+from core.resources import InstCollConfig
+from core.specs import (
+    BatchSpec,
+    job_group_records,
+    parse_batch_spec,
+    parse_create_fast,
+    parse_update_fast,
+    parse_update_spec,
+)
+from schemas.batch import (
+    BatchCancelled,
+    BatchCancelRequested,
+    BatchCreated,
+    BatchDeleted,
+    JobGroupCancelled,
+    JobGroupCancelRequested,
+    JobGroupRecord,
+    JobGroupsSubmitted,
+    JobRecord,
+    JobsSubmitted,
+    UpdateCommitted,
+    UpdateOpened,
+)
+from schemas.events import AnyEvent
+from services.common.log import Publisher
+from services.ingest.store import Store, User
+
+CANCELLED_BATCH = "Cannot submit new jobs or job groups to a cancelled batch"
+
+
+class Commands:
+    """The write side of the API."""
+
+    def __init__(self, store: Store, publisher: Publisher, config: InstCollConfig,
+                 *, wait_s: float = 15.0) -> None:
+        self.store = store
+        self.publisher = publisher
+        self.config = config
+        self.wait_s = wait_s
+
+    async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _append(self, events: Sequence[AnyEvent]) -> None:
+        positions = await self.publisher.publish_many(list(events))
+        await self.store.wait_applied(positions, timeout_s=self.wait_s)
+
+    # --- checks ---------------------------------------------------------------------------
+    async def _check_billing_project(self, name: str, user: User) -> None:
+        found = await self._db(self.store.billing_project, name, user.name)
+        if found is None or not found[1]:
+            raise Forbidden(f"Unknown Hail Batch billing project {name}.")
+        if found[0] != "open":
+            raise Forbidden(f"Billing project {name} is closed or deleted.")
+
+    async def _open_batch(self, batch_id: int, user: User) -> Any:
+        row = await self._db(self.store.visible_batch, batch_id, user.name)
+        if row is None:
+            raise NotFound(f"batch {batch_id} not found")
+        if row.cancelled:
+            raise BadRequest(CANCELLED_BATCH)
+        return row
+
+    async def _open_update(self, batch_id: int, update_id: int, user: User) -> Any:
+        await self._open_batch(batch_id, user)
+        update = await self._db(self.store.update, batch_id, update_id)
+        if update is None:
+            raise NotFound(f"update {update_id} of batch {batch_id} not found")
+        if update.committed:
+            raise BadRequest(f"update {update_id} is already committed")
+        return update
+
+    def _depth_of(self, batch_id: int) -> Callable[[int], int | None]:
+        def depth(group: int) -> int | None:
+            if group == 0:  # the root exists from creation (even before create-fast projects)
+                return 0
+            found = self.store.groups(batch_id, [group]).get(group)
+            if found is not None and found[2]:
+                raise BadRequest(f"job group {group} is cancelled: it takes no new job groups")
+            return None if found is None else found[0]
+        return depth
+
+    def _known_group(self, batch_id: int, new_groups: Sequence[int] = ()
+                     ) -> Callable[[int], bool]:
+        fresh = set(new_groups)
+
+        def known(group: int) -> bool:
+            if group in fresh:
+                return True
+            found = self.store.groups(batch_id, [group]).get(group)
+            if found is not None and found[2]:
+                raise BadRequest(f"job group {group} is cancelled: it takes no new jobs")
+            return found is not None or group == 0
+        return known
+
+    async def _allocate_update(self, batch_id: int, n_jobs: int, n_groups: int
+                               ) -> tuple[int, int, int]:
+        update_id = await self._db(self.store.allocate, f"batch:{batch_id}:update", 1)
+        start_job = await self._db(self.store.allocate, f"batch:{batch_id}:job", n_jobs)
+        start_group = await self._db(self.store.allocate, f"batch:{batch_id}:group", n_groups)
+        return update_id, start_job, start_group
+
+    def _records(self, batch_id: int, groups: Any, jobs: Any, *, start_job: int, n_jobs: int,
+                 start_group: int, n_groups: int, user: User
+                 ) -> tuple[list[JobGroupRecord], list[JobRecord]]:
+        group_records = job_group_records(groups, start_job_group_id=start_group,
+                                          n_job_groups=n_groups,
+                                          depth_of=self._depth_of(batch_id)) if groups else []
+        job_recs = job_records(
+            jobs, start_job_id=start_job, n_jobs=n_jobs, start_job_group_id=start_group,
+            n_job_groups=n_groups, config=self.config,
+            known_group=self._known_group(batch_id, [g.job_group_id for g in group_records]),
+            is_developer=user.is_developer, batch_id=batch_id) if jobs else []
+        return group_records, job_recs
+
+    # --- batches ----------------------------------------------------------------------------
+    async def _existing(self, spec: BatchSpec, user: User) -> tuple[int, Any] | None:
+        batch_id = await self._db(self.store.batch_id_by_token, user.name, spec.token)
+        if batch_id is None:
+            return None
+        return batch_id, await self._db(self.store.update_by_token, batch_id, spec.token)
+
+    def _batch_created(self, batch_id: int, spec: BatchSpec, user: User) -> BatchCreated:
+        return BatchCreated(batch_id=batch_id, user=user.name,
+                            billing_project=spec.billing_project, token=spec.token,
+                            attributes=spec.attributes, callback=spec.callback,
+                            cancel_after_n_failures=spec.cancel_after_n_failures)
+
+    async def create_batch(self, body: Any, user: User) -> dict[str, Any]:
+        spec = parse_batch_spec(body)
+        await self._check_billing_project(spec.billing_project, user)
+        existing = await self._existing(spec, user)
+        if existing is not None:
+            batch_id, update = existing
+            return {"id": batch_id, "update_id": None if update is None else update.update_id,
+                    "start_job_group_id": None if update is None else update.start_job_group_id,
+                    "start_job_id": None if update is None else update.start_job_id}
+        batch_id = await self._db(self.store.allocate, "batch", 1)
+        events: list[AnyEvent] = [self._batch_created(batch_id, spec, user)]
+        out: dict[str, Any] = {"id": batch_id, "update_id": None, "start_job_group_id": None,
+                               "start_job_id": None}
+        if spec.n_jobs or spec.n_job_groups:
+            update_id, start_job, start_group = await self._allocate_update(
+                batch_id, spec.n_jobs, spec.n_job_groups)
+            events.append(UpdateOpened(batch_id=batch_id, update_id=update_id, token=spec.token,
+                                       n_jobs=spec.n_jobs, n_job_groups=spec.n_job_groups,
+                                       start_job_id=start_job, start_job_group_id=start_group))
+            out |= {"update_id": update_id, "start_job_group_id": start_group,
+                    "start_job_id": start_job}
+        await self._append(events)
+        winner = await self._db(self.store.batch_id_by_token, user.name, spec.token)
+        if winner is not None and winner != batch_id:  # a concurrent create with this token won
+            return await self.create_batch(body, user)
+        return out
+
+    async def create_fast(self, body: Any, user: User) -> dict[str, Any]:
+        spec, groups, jobs = parse_create_fast(body)
+        await self._check_billing_project(spec.billing_project, user)
+        existing = await self._existing(spec, user)
+        if existing is not None and existing[1] is not None and existing[1].committed:
+            update = existing[1]
+            return {"id": existing[0], "start_job_group_id": update.start_job_group_id,
+                    "start_job_id": update.start_job_id}
+        if existing is not None:
+            batch_id = existing[0]
+            update = existing[1]
+            events: list[AnyEvent] = []
+        else:
+            batch_id = await self._db(self.store.allocate, "batch", 1)
+            update = None
+            events = [self._batch_created(batch_id, spec, user)]
+        if update is None:
+            update_id, start_job, start_group = await self._allocate_update(
+                batch_id, spec.n_jobs, spec.n_job_groups)
+            events.append(UpdateOpened(batch_id=batch_id, update_id=update_id, token=spec.token,
+                                       n_jobs=spec.n_jobs, n_job_groups=spec.n_job_groups,
+                                       start_job_id=start_job, start_job_group_id=start_group))
+        else:
+            update_id, start_job, start_group = (update.update_id, update.start_job_id,
+                                                 update.start_job_group_id)
+        events += await self._bunch_events(batch_id, update_id, groups, jobs, start_job,
+                                           spec.n_jobs, start_group, spec.n_job_groups, user)
+        await self._append(events)
+        return {"id": batch_id, "start_job_group_id": start_group, "start_job_id": start_job}
+
+    async def _bunch_events(self, batch_id: int, update_id: int, groups: Any, jobs: Any,
+                            start_job: int, n_jobs: int, start_group: int, n_groups: int,
+                            user: User) -> list[AnyEvent]:
+        group_records, job_recs = await self._db(
+            self._records, batch_id, groups, jobs, start_job=start_job, n_jobs=n_jobs,
+            start_group=start_group, n_groups=n_groups, user=user)
+        if len(group_records) != n_groups:
+            raise BadRequest(f"wrong number of job groups: expected {n_groups}, "
+                             f"actual {len(group_records)}")
+        if len(job_recs) != n_jobs:
+            raise BadRequest(f"wrong number of jobs: expected {n_jobs}, actual {len(job_recs)}")
+        events: list[AnyEvent] = []
+        if group_records:
+            events.append(JobGroupsSubmitted(batch_id=batch_id, update_id=update_id,
+                                             job_groups=group_records))
+        if job_recs:
+            events.append(JobsSubmitted(batch_id=batch_id, update_id=update_id, jobs=job_recs))
+        events.append(UpdateCommitted(batch_id=batch_id, update_id=update_id, n_jobs=n_jobs,
+                                      n_job_groups=n_groups))
+        return events
+
+    async def update_fast(self, batch_id: int, body: Any, user: User) -> dict[str, Any]:
+        update_spec, groups, jobs = parse_update_fast(body)
+        await self._open_batch(batch_id, user)
+        update = await self._db(self.store.update_by_token, batch_id, update_spec.token)
+        if update is not None and update.committed:
+            return {"update_id": update.update_id, "start_job_id": update.start_job_id,
+                    "start_job_group_id": update.start_job_group_id}
+        events: list[AnyEvent] = []
+        if update is None:
+            update_id, start_job, start_group = await self._allocate_update(
+                batch_id, update_spec.n_jobs, update_spec.n_job_groups)
+            events.append(UpdateOpened(batch_id=batch_id, update_id=update_id,
+                                       token=update_spec.token, n_jobs=update_spec.n_jobs,
+                                       n_job_groups=update_spec.n_job_groups,
+                                       start_job_id=start_job, start_job_group_id=start_group))
+        else:
+            update_id, start_job, start_group = (update.update_id, update.start_job_id,
+                                                 update.start_job_group_id)
+        events += await self._bunch_events(batch_id, update_id, groups, jobs, start_job,
+                                           update_spec.n_jobs, start_group,
+                                           update_spec.n_job_groups, user)
+        await self._append(events)
+        return {"update_id": update_id, "start_job_id": start_job,
+                "start_job_group_id": start_group}
+
+    async def open_update(self, batch_id: int, body: Any, user: User) -> dict[str, Any]:
+        spec = parse_update_spec(body)
+        await self._open_batch(batch_id, user)
+        update = await self._db(self.store.update_by_token, batch_id, spec.token)
+        if update is None:
+            update_id, start_job, start_group = await self._allocate_update(
+                batch_id, spec.n_jobs, spec.n_job_groups)
+            await self._append([UpdateOpened(
+                batch_id=batch_id, update_id=update_id, token=spec.token, n_jobs=spec.n_jobs,
+                n_job_groups=spec.n_job_groups, start_job_id=start_job,
+                start_job_group_id=start_group)])
+        else:
+            update_id, start_job, start_group = (update.update_id, update.start_job_id,
+                                                 update.start_job_group_id)
+        return {"update_id": update_id, "start_job_group_id": start_group,
+                "start_job_id": start_job}
+
+    async def submit_groups(self, batch_id: int, update_id: int, body: Any, user: User) -> None:
+        u = await self._open_update(batch_id, update_id, user)
+        records = await self._db(lambda: job_group_records(
+            body, start_job_group_id=u.start_job_group_id, n_job_groups=u.n_job_groups,
+            depth_of=self._depth_of(batch_id)))
+        if records:
+            await self._append([JobGroupsSubmitted(batch_id=batch_id, update_id=update_id,
+                                                   job_groups=records)])
+
+    async def submit_jobs(self, batch_id: int, update_id: int, body: Any, user: User) -> None:
+        u = await self._open_update(batch_id, update_id, user)
+        records = await self._db(lambda: job_records(
+            body, start_job_id=u.start_job_id, n_jobs=u.n_jobs,
+            start_job_group_id=u.start_job_group_id, n_job_groups=u.n_job_groups,
+            config=self.config, known_group=self._known_group(batch_id),
+            is_developer=user.is_developer, batch_id=batch_id))
+        if records:
+            await self._append([JobsSubmitted(batch_id=batch_id, update_id=update_id,
+                                              jobs=records)])
+
+    async def commit(self, batch_id: int, update_id: int, user: User) -> dict[str, Any]:
+        u = await self._open_update(batch_id, update_id, user)
+        n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
+        if n_groups != u.n_job_groups:
+            raise BadRequest(f"wrong number of job groups: expected {u.n_job_groups}, "
+                             f"actual {n_groups}")
+        if n_jobs != u.n_jobs:
+            raise BadRequest(f"wrong number of jobs: expected {u.n_jobs}, actual {n_jobs}")
+        await self._append([UpdateCommitted(batch_id=batch_id, update_id=update_id,
+                                            n_jobs=n_jobs, n_job_groups=n_groups)])
+        return {"start_job_id": u.start_job_id, "start_job_group_id": u.start_job_group_id}
+
+    # --- cancellation and deletion ----------------------------------------------------------
+    async def cancel_batch(self, batch_id: int, user: User) -> None:
+        row = await self._db(self.store.visible_batch, batch_id, user.name)
+        if row is None:
+            raise NotFound(f"batch {batch_id} not found")
+        await self._append([BatchCancelRequested(batch_id=batch_id, requested_by=user.name),
+                            BatchCancelled(batch_id=batch_id, reason="user")])
+
+    async def cancel_group(self, batch_id: int, group_id: int, user: User) -> None:
+        if group_id == 0:
+            return await self.cancel_batch(batch_id, user)
+        row = await self._db(self.store.visible_batch, batch_id, user.name)
+        if row is None:
+            raise NotFound(f"batch {batch_id} not found")
+        found = (await self._db(self.store.groups, batch_id, [group_id])).get(group_id)
+        if found is None or not found[1]:
+            raise Forbidden(f"job group {group_id} of batch {batch_id} does not exist")
+        await self._append([
+            JobGroupCancelRequested(batch_id=batch_id, job_group_id=group_id,
+                                    requested_by=user.name),
+            JobGroupCancelled(batch_id=batch_id, job_group_id=group_id, reason="user")])
+
+    async def delete_batch(self, batch_id: int, user: User) -> None:
+        row = await self._db(self.store.visible_batch, batch_id, user.name)
+        if row is None:
+            raise NotFound(f"batch {batch_id} not found")
+        events: list[AnyEvent] = []
+        if row.state != "complete" and not row.cancelled:
+            events += [BatchCancelRequested(batch_id=batch_id, requested_by=user.name,
+                                            reason="deleted"),
+                       BatchCancelled(batch_id=batch_id, reason="deleted")]
+        events.append(BatchDeleted(batch_id=batch_id, requested_by=user.name))
+        await self._append(events)

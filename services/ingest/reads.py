@@ -1,0 +1,209 @@
+"""Read operations: projections -> the API's status shapes. Every read checks visibility.
+
+SQL lives in :mod:`services.ingest.store` and :mod:`services.ingest.query_sql`; this module only
+assembles responses (and the state rules come from :mod:`core.status`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+from typing import Any
+
+from core.errors import BadRequest, Forbidden, NotFound
+from core.query import parse_batch_query, parse_job_query
+from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
+from services.ingest import query_sql
+from services.ingest.store import Store
+
+_GROUP = (
+    "SELECT g.job_group_id, g.attributes, g.state, g.time_created_ms, g.time_completed_ms, "
+    "c.n_jobs, c.n_completed, c.n_succeeded, c.n_failed, c.n_cancelled, "
+    "(SELECT COUNT(*) FROM job_groups_cancelled x WHERE x.batch_id = g.batch_id "
+    " AND x.job_group_id = g.job_group_id) AS cancelled, g.parent_id "
+    "FROM job_groups g JOIN job_group_job_counts c ON c.batch_id = g.batch_id "
+    "AND c.job_group_id = g.job_group_id WHERE g.batch_id = :b AND g.committed ")
+_COUNTS = ("SELECT n_jobs, n_completed, n_succeeded, n_failed, n_cancelled FROM "
+           "job_group_job_counts WHERE batch_id = :b AND job_group_id = 0")
+_GROUP_COST = ("SELECT r.resource, SUM(a.resource_usage), SUM(a.resource_usage * r.rate) FROM "
+               "aggregated_job_group_resources a JOIN resources r ON r.resource = a.resource "
+               "WHERE a.batch_id = :b AND a.job_group_id = :g GROUP BY r.resource "
+               "ORDER BY r.resource")
+_JOB = (
+    "SELECT j.batch_id, j.job_id, j.job_group_id, j.state, j.exit_code, j.always_run, "
+    "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.spec, j.status, "
+    "b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "WHERE j.batch_id = :b AND j.job_id = :j AND j.committed")
+_JOB_ATTRS = "SELECT attr_key, attr_value FROM job_attributes WHERE batch_id = :b AND job_id = :j"
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _cost(rows: Any) -> tuple[float, list[dict[str, Any]]]:
+    breakdown = [{"resource": str(r), "cost": float(c or 0)} for r, _, c in rows]
+    return float(sum((Decimal(str(c or 0)) for _, _, c in rows), Decimal(0))), breakdown
+
+
+def _attributes(text: str | None) -> dict[str, str]:
+    return json.loads(text) if text else {}
+
+
+def batch_status(row: Any, counts: Any, cost_rows: Any) -> dict[str, Any]:
+    """A batch's status from its row, its root counts and its cost rows."""
+    n_jobs, n_completed, n_succeeded, n_failed, n_cancelled = (int(v or 0) for v in counts)
+    complete = row.state == "complete"
+    committed = row.state != "open"
+    cost, breakdown = _cost(cost_rows)
+    dur = (row.time_completed_ms - row.time_created_ms) if complete and row.time_completed_ms \
+        else None
+    out: dict[str, Any] = {
+        "id": int(row.id), "user": row.user, "billing_project": row.billing_project,
+        "token": row.token,
+        "state": batch_state(committed=committed, n_failed=n_failed,
+                             cancelled=bool(row.cancelled), complete=complete),
+        "complete": complete, "closed": committed, "n_jobs": int(row.n_jobs),
+        "n_completed": n_completed, "n_succeeded": n_succeeded, "n_failed": n_failed,
+        "n_cancelled": n_cancelled,
+        "time_created": format_time_ms(row.time_created_ms),
+        "time_closed": format_time_ms(row.time_closed_ms),
+        "time_completed": format_time_ms(row.time_completed_ms),
+        "duration_ms": dur, "duration": humanize_ms(dur), "msec_mcpu": 0,
+        "cost": cost, "cost_breakdown": breakdown,
+    }
+    attrs = _attributes(row.attributes)
+    if attrs:
+        out["attributes"] = attrs
+    assert n_jobs >= 0
+    return out
+
+
+class Reads:
+    """The read side of the API for one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _batch_row(self, batch_id: int, user: str) -> Any:
+        row = self.store.visible_batch(batch_id, user)
+        if row is None:
+            raise NotFound(f"batch {batch_id} not found")
+        return row
+
+    def batch(self, batch_id: int, user: str) -> dict[str, Any]:
+        row = self._batch_row(batch_id, user)
+        counts = self.store.one(_COUNTS, b=batch_id) or (0, 0, 0, 0, 0)
+        stmt, params = query_sql.cost_breakdown_query(batch_id)
+        cost_rows = [(r.resource, r.resource_usage, r.cost) for r in self.store.rows(
+            stmt, **params)]
+        return batch_status(row, counts, cost_rows)
+
+    def batches(self, user: str, q: str | None, version: int,
+                last_batch_id: int | None) -> dict[str, Any]:
+        filters = parse_batch_query(q, 2 if version == 2 else 1, user=user)
+        stmt, params = query_sql.batch_list_query(user, filters, last_batch_id=last_batch_id)
+        rows = self.store.rows(stmt, **params)
+        page, last = query_sql.batch_page(rows, lambda r: int(r.id))
+        out: dict[str, Any] = {"batches": [
+            batch_status(r, (r.n_jobs, r.n_completed, r.n_succeeded, r.n_failed,
+                             r.n_cancelled), [])
+            | {"cost": float(r.cost or 0)} for r in page]}
+        if last is not None:
+            out["last_batch_id"] = last
+        return out
+
+    def group(self, batch_id: int, group_id: int, user: str) -> dict[str, Any]:
+        self._batch_row(batch_id, user)
+        row = self.store.one(_GROUP + "AND g.job_group_id = :g", b=batch_id, g=group_id)
+        if row is None:
+            raise NotFound(f"job group {group_id} not found")
+        return self._group_status(batch_id, row)
+
+    def _group_status(self, batch_id: int, row: Any) -> dict[str, Any]:
+        complete = row.state == "complete"
+        cost, breakdown = _cost(self.store.rows(_GROUP_COST, b=batch_id, g=row.job_group_id))
+        dur = duration_ms(row.time_created_ms, row.time_completed_ms, _now())
+        out: dict[str, Any] = {
+            "batch_id": batch_id, "job_group_id": int(row.job_group_id),
+            "state": group_state(n_failed=int(row.n_failed), cancelled=bool(row.cancelled),
+                                 complete=complete),
+            "complete": complete, "n_jobs": int(row.n_jobs),
+            "n_completed": int(row.n_completed), "n_succeeded": int(row.n_succeeded),
+            "n_failed": int(row.n_failed), "n_cancelled": int(row.n_cancelled),
+            "time_created": format_time_ms(row.time_created_ms),
+            "time_completed": format_time_ms(row.time_completed_ms),
+            "duration": dur, "cost": cost, "cost_breakdown": breakdown,
+        }
+        attrs = _attributes(row.attributes)
+        if attrs:
+            out["attributes"] = attrs
+        return out
+
+    def child_groups(self, batch_id: int, group_id: int, user: str,
+                     last_group_id: int | None) -> dict[str, Any]:
+        self.group(batch_id, group_id, user)
+        rows = self.store.rows(
+            _GROUP + "AND g.parent_id = :g AND g.job_group_id > :after "
+            "ORDER BY g.job_group_id LIMIT 51", b=batch_id, g=group_id,
+            after=last_group_id or 0)
+        out: dict[str, Any] = {"job_groups": [self._group_status(batch_id, r)
+                                              for r in rows[:50]]}
+        if len(rows) > 50:
+            out["last_job_group_id"] = int(rows[49].job_group_id)
+        return out
+
+    def jobs(self, batch_id: int, group_id: int, user: str, q: str | None, version: int,
+             last_job_id: int | None, recursive: bool) -> dict[str, Any]:
+        self.group(batch_id, group_id, user)
+        filters = parse_job_query(q or "", 2 if version == 2 else 1)
+        stmt, params = query_sql.job_list_query(batch_id, group_id, recursive=recursive,
+                                                filters=filters, last_job_id=last_job_id)
+        page, last = query_sql.job_page(self.store.rows(stmt, **params),
+                                        lambda r: int(r.job_id))
+        out: dict[str, Any] = {"jobs": [self._job_entry(r) for r in page]}
+        if last is not None:
+            out["last_job_id"] = last
+        return out
+
+    @staticmethod
+    def _job_entry(r: Any) -> dict[str, Any]:
+        return {
+            "batch_id": int(r.batch_id), "job_id": int(r.job_id), "name": getattr(r, "name", None),
+            "user": r.user, "billing_project": r.billing_project, "state": r.state,
+            "exit_code": r.exit_code, "end_time": format_time_ms(r.end_time_ms),
+            "duration": duration_ms(r.start_time_ms, r.end_time_ms, _now()),
+            "cost": float(getattr(r, "cost", 0) or 0), "msec_mcpu": 0, "cost_breakdown": [],
+            "always_run": bool(r.always_run), "display_state": None,
+        }
+
+    def job(self, batch_id: int, job_id: int, user: str) -> dict[str, Any]:
+        self._batch_row(batch_id, user)
+        r = self.store.one(_JOB, b=batch_id, j=job_id)
+        if r is None:
+            raise NotFound(f"job {batch_id}.{job_id} not found")
+        attrs = {k: v for k, v in self.store.rows(_JOB_ATTRS, b=batch_id, j=job_id)}
+        stmt, params = query_sql.cost_breakdown_query(batch_id, [job_id])
+        cost, breakdown = _cost([(c.resource, c.resource_usage, c.cost)
+                                 for c in self.store.rows(stmt, **params)])
+        out = {**self._job_entry(r), "name": attrs.get("name"), "cost": cost,
+               "cost_breakdown": breakdown,
+               "status": json.loads(r.status) if r.status else None,
+               "spec": json.loads(r.spec), "inst_coll": r.inst_coll}
+        if attrs:
+            out["attributes"] = attrs
+        return out
+
+    def billing_project_visible(self, name: str, user: str) -> None:
+        found = self.store.billing_project(name, user)
+        if found is None or not found[1]:
+            raise Forbidden(f"Unknown Hail Batch billing project {name}.")
+
+    def require_int(self, value: str | None, what: str) -> int | None:
+        if value is None or value == "":
+            return None
+        try:
+            return int(value)
+        except ValueError:
+            raise BadRequest(f"{what} must be an integer, not {value!r}") from None

@@ -1,0 +1,149 @@
+"""The ingest service's database access: reads of the projections, and id allocation.
+
+Ingest never writes projection tables. It writes one table of its own, ``id_sequences``,
+to reserve batch ids and each batch's blocks of update, job and group ids (an update reserves
+its block when it opens, so concurrent updates never collide and jobs can name each other
+before they exist). Reads check visibility: a batch is visible to members of its billing
+project, unless deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from services.common.log import LogPosition
+
+
+@dataclass(frozen=True)
+class User:
+    name: str
+    is_developer: bool
+
+
+_TOKEN = sa.text(
+    "SELECT u.name, u.is_developer FROM auth_tokens t JOIN users u ON u.name = t.user "
+    "WHERE t.token_hash = :h AND NOT t.revoked AND NOT u.deleted "
+    "AND (t.expires_at_ms IS NULL OR t.expires_at_ms > :now)")
+_SEQ_INIT = sa.text("INSERT INTO id_sequences (name, next_value) VALUES (:n, :first) "
+                    "ON DUPLICATE KEY UPDATE name = name")
+_SEQ_LOCK = sa.text("SELECT next_value FROM id_sequences WHERE name = :n FOR UPDATE")
+_SEQ_BUMP = sa.text("UPDATE id_sequences SET next_value = next_value + :count WHERE name = :n")
+_APPLIED = sa.text("SELECT next_offset FROM applied_offsets WHERE consumer = :c AND topic = :t "
+                   "AND kafka_partition = :p")
+_VISIBLE = (
+    "FROM batches b JOIN billing_project_users m ON m.billing_project = b.billing_project "
+    "AND m.user = :user WHERE b.id = :b AND NOT b.deleted")
+
+
+class Store:
+    """Synchronous database access for ingest (handlers call it in a worker thread)."""
+
+    def __init__(self, engine: sa.Engine, projector_consumer: str) -> None:
+        self.engine = engine
+        self.projector_consumer = projector_consumer
+
+    def rows(self, sql: sa.TextClause | str, **params: Any) -> Sequence[Any]:
+        stmt = sa.text(sql) if isinstance(sql, str) else sql
+        with self.engine.connect() as conn:
+            return conn.execute(stmt, params).all()
+
+    def one(self, sql: sa.TextClause | str, **params: Any) -> Any | None:
+        found = self.rows(sql, **params)
+        return found[0] if found else None
+
+    # --- authentication -------------------------------------------------------------------
+    def user_for_token_hash(self, token_hash: str) -> User | None:
+        row = self.one(_TOKEN, h=token_hash, now=time.time_ns() // 1_000_000)
+        return None if row is None else User(str(row[0]), bool(row[1]))
+
+    # --- id allocation ----------------------------------------------------------------------
+    def allocate(self, name: str, count: int, *, first: int = 1) -> int:
+        """Reserve ``count`` consecutive ids of sequence ``name``; return the first."""
+        with self.engine.begin() as conn:
+            conn.execute(_SEQ_INIT, {"n": name, "first": first})
+            start = int(conn.execute(_SEQ_LOCK, {"n": name}).scalar_one())
+            conn.execute(_SEQ_BUMP, {"n": name, "count": count})
+        return start
+
+    # --- read-your-writes -------------------------------------------------------------------
+    def applied_offset(self, topic: str, partition: int) -> int:
+        row = self.one(_APPLIED, c=self.projector_consumer, t=topic, p=partition)
+        return -1 if row is None else int(row[0])
+
+    async def wait_applied(self, positions: Sequence[LogPosition], *,
+                           timeout_s: float = 15.0) -> bool:
+        """Wait until the projector has applied every position (bounded); False on timeout."""
+        last: dict[tuple[str, int], int] = {}
+        for p in positions:
+            last[(p.topic, p.partition)] = max(last.get((p.topic, p.partition), -1), p.offset)
+        deadline = time.monotonic() + timeout_s
+        delay = 0.003
+        while last:
+            for key in list(last):
+                applied = await asyncio.to_thread(self.applied_offset, *key)
+                if applied > last[key]:
+                    del last[key]
+            if not last:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.05)
+        return True
+
+    # --- batches ----------------------------------------------------------------------------
+    def batch_id_by_token(self, user: str, token: str) -> int | None:
+        row = self.one("SELECT id FROM batches WHERE user = :u AND token = :t", u=user, t=token)
+        return None if row is None else int(row[0])
+
+    def visible_batch(self, batch_id: int, user: str) -> Any | None:
+        return self.one(
+            "SELECT b.id, b.user, b.billing_project, b.token, b.attributes, b.state, b.n_jobs, "
+            "b.time_created_ms, b.time_closed_ms, b.time_completed_ms, "
+            "(SELECT COUNT(*) FROM batches_cancelled bc WHERE bc.batch_id = b.id) AS cancelled, "
+            "b.callback, b.cancel_after_n_failures " + _VISIBLE, b=batch_id, user=user)
+
+    def update(self, batch_id: int, update_id: int) -> Any | None:
+        return self.one(
+            "SELECT update_id, token, start_job_id, n_jobs, start_job_group_id, n_job_groups, "
+            "committed FROM batch_updates WHERE batch_id = :b AND update_id = :u",
+            b=batch_id, u=update_id)
+
+    def update_by_token(self, batch_id: int, token: str) -> Any | None:
+        return self.one(
+            "SELECT update_id, token, start_job_id, n_jobs, start_job_group_id, n_job_groups, "
+            "committed FROM batch_updates WHERE batch_id = :b AND token = :t", b=batch_id, t=token)
+
+    def update_counts(self, batch_id: int, update_id: int) -> tuple[int, int]:
+        (jobs,) = self.rows("SELECT COUNT(*) FROM jobs WHERE batch_id = :b AND update_id = :u",
+                            b=batch_id, u=update_id)
+        (groups,) = self.rows("SELECT COUNT(*) FROM job_groups WHERE batch_id = :b AND "
+                              "update_id = :u", b=batch_id, u=update_id)
+        return int(jobs[0]), int(groups[0])
+
+    def groups(self, batch_id: int, ids: Sequence[int]) -> dict[int, tuple[int, bool, bool]]:
+        """(depth, committed, cancelled) of the groups among ``ids`` that exist."""
+        if not ids:
+            return {}
+        stmt = sa.text(
+            "SELECT g.job_group_id, g.depth, g.committed, "
+            "(SELECT COUNT(*) FROM job_groups_cancelled c WHERE c.batch_id = g.batch_id "
+            " AND c.job_group_id = g.job_group_id) FROM job_groups g "
+            "WHERE g.batch_id = :b AND g.job_group_id IN :ids").bindparams(
+            sa.bindparam("ids", expanding=True))
+        return {int(g): (int(d), bool(c), bool(x))
+                for g, d, c, x in self.rows(stmt, b=batch_id, ids=list(ids))}
+
+    def billing_project(self, name: str, user: str) -> tuple[str, bool] | None:
+        """(status, is_member) of a billing project, or None if unknown."""
+        row = self.one(
+            "SELECT p.status, (SELECT COUNT(*) FROM billing_project_users m WHERE "
+            "m.billing_project = p.name AND m.user = :u) FROM billing_projects p "
+            "WHERE p.name = :n", n=name, u=user)
+        return None if row is None else (str(row[0]), bool(row[1]))
