@@ -9,7 +9,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv up down status db-up test lint typecheck bench ci
+.PHONY: help venv venv-hail up down status db-up test lint typecheck bench ci
 
 help:
 	@echo "make venv       create $(VENV) ($(PYTHON)) and install '.[dev]' (when pyproject changes)"
@@ -27,6 +27,22 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[dev]'
 	@touch $(STAMP)
 
+# The official Hail client, in its own venv so its pins never constrain ours
+# (../shared/hail-api.md): the judge of API compatibility in tests/e2e.
+HAIL_VENV ?= .venv-hail
+HAIL_STAMP := $(HAIL_VENV)/.installed
+venv-hail: $(HAIL_STAMP)
+
+$(HAIL_STAMP):
+	@test -x $(HAIL_VENV)/bin/python || $(PYTHON) -m venv $(HAIL_VENV)
+	$(HAIL_VENV)/bin/pip install -q --no-deps hail==0.2.139
+	$(HAIL_VENV)/bin/pip install -q "aiohttp>=3.11.16,<4" "orjson>=3.9.15,<4" "rich>=12.6.0,<13" \
+	  "humanize>=4.0,<5" "sortedcontainers>=2.4.0,<3" "janus>=0.6,<1.1" "nest_asyncio>=1.5.8,<2" \
+	  jproperties botocore "requests>=2.32.4,<3" "azure-identity>=1.23.0,<2" \
+	  "azure-storage-blob>=12.11.0,<13" "azure-mgmt-storage==20.1.0" "google-auth>=2.14.1,<3" \
+	  "google-auth-oauthlib>=0.5.2,<1"
+	@touch $(HAIL_STAMP)
+
 up: venv
 	$(PY) -m services.stack up $(ARGS)
 
@@ -40,7 +56,7 @@ db-up: venv
 	$(PY) -m services.stack db-up
 
 # pytest's exit code 5 (no tests collected) fails the target like any other non-zero code.
-test: venv db-up
+test: venv venv-hail db-up
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv
