@@ -32,6 +32,7 @@ class ServiceSpec(NamedTuple):
 
 SERVICES: list[ServiceSpec] = [
     ServiceSpec("projector", ("-m", "services.projector"), port_offset=None),
+    ServiceSpec("ingest", ("-m", "services.ingest", "--port", "{port}"), port_offset=0),
 ]
 
 

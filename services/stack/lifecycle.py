@@ -9,6 +9,7 @@ from pathlib import Path
 
 from services.common import procs
 from services.common.log import LogError
+from services.common.settings import TOPIC_BATCH
 from services.stack import broker
 from services.stack.components import (
     SEAWEED,
@@ -101,6 +102,34 @@ def db_up(cfg: StackConfig, say: Say) -> None:
         say(f"mariadb: reachable on {db.host}:{db.port}")
 
 
+def _drop_stale_projections(cfg: StackConfig) -> bool:
+    """Drop the database if it holds projections of a log that no longer exists.
+
+    Projections are derived from the log. When the log is new (its topics were just created:
+    a wiped data directory, or a memory broker restarted), offsets stored in the database point
+    past its end and new events would be skipped as applied. Returns whether it dropped.
+    """
+    import sqlalchemy as sa
+
+    db = cfg.settings.db
+    engine = sa.create_engine(db.url(database=False))
+    try:
+        with engine.begin() as conn:
+            exists = conn.execute(sa.text(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = :d "
+                "AND TABLE_NAME = 'applied_offsets'"), {"d": db.name}).scalar_one()
+            if not exists:
+                return False
+            rows = conn.execute(sa.text(f"SELECT COUNT(*) FROM `{db.name}`.applied_offsets")
+                                ).scalar_one()
+            if not rows:
+                return False
+            conn.execute(sa.text(f"DROP DATABASE `{db.name}`"))
+            return True
+    finally:
+        engine.dispose()
+
+
 def setup(cfg: StackConfig, say: Say) -> None:
     """Create missing topics and apply migrations on the configured broker and database.
 
@@ -121,6 +150,8 @@ def setup(cfg: StackConfig, say: Say) -> None:
 
     from sql.migrate import MigrationError, apply_migrations
 
+    if log.topic(TOPIC_BATCH) in created and _drop_stale_projections(cfg):
+        say("database: dropped projections of an earlier log (they are rebuilt from the log)")
     try:
         applied = apply_migrations(cfg.settings.db)
     except MigrationError as e:
@@ -147,8 +178,15 @@ def up(cfg: StackConfig, say: Say) -> StackState:
     ensure_process(cfg, state, tansu_component(cfg), say)
     setup(cfg, say)
 
+    ingest_url = None
     for comp in service_components(cfg):
         ensure_process(cfg, state, comp, say)
+        if comp.name == "ingest":
+            ingest_url = f"http://127.0.0.1:{comp.port}"
+    if ingest_url is not None:
+        from services.stack.bootstrap import ensure_dev_user
+
+        ensure_dev_user(cfg, ingest_url, say)
     return state
 
 

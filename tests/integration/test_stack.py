@@ -278,10 +278,11 @@ async def test_status_reports_consumer_lag_from_the_database(stack: Stack) -> No
 def test_down_stops_everything_and_is_idempotent(stack: Stack) -> None:
     stack.run("up", "--quiet")
     pids = stack.recorded_pids()
-    assert set(pids) == {"seaweed", "tansu", "projector"}
+    assert set(pids) == {"seaweed", "tansu", "projector", "ingest"}
     out = stack.run("down").stdout
     assert "tansu: stopped" in out and "seaweed: stopped" in out
     assert out.index("projector: stopped") < out.index("tansu: stopped")
+    assert out.index("ingest: stopped") < out.index("tansu: stopped")
     assert out.index("tansu: stopped") < out.index("seaweed: stopped")
     assert not any(procs.pid_alive(pid) for pid in pids.values())
     assert _wait_closed(stack.kafka_port) and _wait_closed(stack.s3_port)
