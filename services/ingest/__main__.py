@@ -15,6 +15,7 @@ from core.resources import default_config
 from services.common.log import Publisher
 from services.common.settings import load_settings, projector_consumer
 from services.ingest.app import create_app
+from services.ingest.billing import Billing
 from services.ingest.commands import Commands
 from services.ingest.store import Store
 
@@ -26,7 +27,8 @@ async def serve(port: int) -> None:
     store = Store(engine, projector_consumer(settings.log))
     try:
         async with Publisher(settings.log) as publisher:
-            app = create_app(store, Commands(store, publisher, default_config()))
+            app = create_app(store, Commands(store, publisher, default_config()),
+                             Billing(store, publisher))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -18,6 +18,7 @@ import msgspec
 from aiohttp import web
 
 from core.errors import DomainError
+from services.ingest.billing import Billing
 from services.ingest.commands import Commands
 from services.ingest.reads import Reads
 from services.ingest.store import Store, User
@@ -28,6 +29,7 @@ MAX_BODY = 8 * 1024 * 1024 + 64 * 1024
 COMMANDS = web.AppKey("commands", Commands)
 READS = web.AppKey("reads", Reads)
 STORE = web.AppKey("store", Store)
+BILLING = web.AppKey("billing", Billing)
 USER = "hs_user"
 VERSION = "0.2.139"
 _decoder = msgspec.json.Decoder()
@@ -206,6 +208,54 @@ async def get_job(request: web.Request) -> web.Response:
                        _int(request, "job_id"), request[USER].name)
 
 
+# --- billing projects --------------------------------------------------------------------------
+async def list_projects(request: web.Request) -> web.Response:
+    return await _read(request, request.app[BILLING].projects, request[USER],
+                       request.query.get("status"))
+
+
+async def get_project(request: web.Request) -> web.Response:
+    return await _read(request, request.app[BILLING].project, request[USER],
+                       request.match_info["billing_project"])
+
+
+async def billing(request: web.Request) -> web.Response:
+    return await _read(request, request.app[BILLING].spent, request[USER])
+
+
+async def project_action(request: web.Request) -> web.Response:
+    b, name = request.app[BILLING], request.match_info["billing_project"]
+    action = request.match_info["action"]
+    actions = {"create": b.create, "close": b.close, "reopen": b.reopen, "delete": b.delete}
+    if action not in actions:
+        raise web.HTTPNotFound(text=f"unknown billing project action {action!r}")
+    return _json(await actions[action](request[USER], name))
+
+
+async def project_user(request: web.Request) -> web.Response:
+    b, name = request.app[BILLING], request.match_info["billing_project"]
+    member, action = request.match_info["user"], request.match_info["action"]
+    if action not in ("add", "remove"):
+        raise web.HTTPNotFound(text=f"unknown billing project user action {action!r}")
+    fn = b.add_user if action == "add" else b.remove_user
+    return _json(await fn(request[USER], name, member))
+
+
+async def edit_limit(request: web.Request) -> web.Response:
+    return _json(await request.app[BILLING].edit_limit(
+        request[USER], request.match_info["billing_project"], await _body(request)))
+
+
+async def job_attempts(request: web.Request) -> web.Response:
+    return await _read(request, request.app[READS].attempts, _int(request, "batch_id"),
+                       _int(request, "job_id"), request[USER].name)
+
+
+async def job_log(request: web.Request) -> web.Response:
+    return await _read(request, request.app[READS].log, _int(request, "batch_id"),
+                       _int(request, "job_id"), request[USER].name)
+
+
 async def healthcheck(request: web.Request) -> web.Response:
     return web.Response()
 
@@ -226,13 +276,14 @@ async def supported_regions(request: web.Request) -> web.Response:
     return _json(["local"])
 
 
-def create_app(store: Store, commands: Commands) -> web.Application:
-    """The API over ``store`` (reads) and ``commands`` (writes)."""
+def create_app(store: Store, commands: Commands, billing_: Billing) -> web.Application:
+    """The API over ``store`` (reads), ``commands`` and ``billing_`` (writes)."""
     app = web.Application(client_max_size=MAX_BODY,
                           middlewares=[errors, _auth(_TokenCache())])
     app[STORE] = store
     app[COMMANDS] = commands
     app[READS] = Reads(store)
+    app[BILLING] = billing_
     b = "/api/v1alpha/batches"
     app.router.add_routes([
         web.get("/healthcheck", healthcheck),
@@ -260,5 +311,14 @@ def create_app(store: Store, commands: Commands) -> web.Application:
         web.get(f"{b}/{{batch_id}}/jobs", list_jobs),
         web.patch(f"{b}/{{batch_id}}/job-groups/{{job_group_id}}/cancel", cancel_group),
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}", get_job),
+        web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/attempts", job_attempts),
+        web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/log", job_log),
+        web.get("/api/v1alpha/billing_projects", list_projects),
+        web.get("/api/v1alpha/billing_projects/{billing_project}", get_project),
+        web.post("/api/v1alpha/billing_projects/{billing_project}/{action}", project_action),
+        web.post("/api/v1alpha/billing_projects/{billing_project}/users/{user}/{action}",
+                 project_user),
+        web.post("/api/v1alpha/billing_limits/{billing_project}/edit", edit_limit),
+        web.get("/api/v1alpha/billing", billing),
     ])
     return app

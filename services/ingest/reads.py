@@ -11,7 +11,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from core.errors import BadRequest, Forbidden, NotFound
+from core.errors import BadRequest, NotFound
 from core.query import parse_batch_query, parse_job_query
 from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
 from services.ingest import query_sql
@@ -36,6 +36,8 @@ _JOB = (
     "b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "WHERE j.batch_id = :b AND j.job_id = :j AND j.committed")
 _JOB_ATTRS = "SELECT attr_key, attr_value FROM job_attributes WHERE batch_id = :b AND job_id = :j"
+_ATTEMPTS = ("SELECT attempt_id, instance_name, start_time_ms, end_time_ms, reason FROM attempts "
+             "WHERE batch_id = :b AND job_id = :j ORDER BY start_time_ms, attempt_id")
 
 
 def _now() -> int:
@@ -78,6 +80,16 @@ def batch_status(row: Any, counts: Any, cost_rows: Any) -> dict[str, Any]:
         out["attributes"] = attrs
     assert n_jobs >= 0
     return out
+
+
+def attempt_entry(r: Any) -> dict[str, Any]:
+    """One attempt as the API shows it."""
+    dur = None if r.start_time_ms is None or r.end_time_ms is None else \
+        r.end_time_ms - r.start_time_ms
+    return {"attempt_id": r.attempt_id, "instance_name": r.instance_name,
+            "start_time": format_time_ms(r.start_time_ms), "start_time_ms": r.start_time_ms,
+            "end_time": format_time_ms(r.end_time_ms), "end_time_ms": r.end_time_ms,
+            "duration": humanize_ms(dur), "duration_ms": dur, "reason": r.reason}
 
 
 class Reads:
@@ -195,10 +207,21 @@ class Reads:
             out["attributes"] = attrs
         return out
 
-    def billing_project_visible(self, name: str, user: str) -> None:
-        found = self.store.billing_project(name, user)
-        if found is None or not found[1]:
-            raise Forbidden(f"Unknown Hail Batch billing project {name}.")
+    def attempts(self, batch_id: int, job_id: int, user: str) -> list[dict[str, Any]] | None:
+        self.job(batch_id, job_id, user)
+        rows = self.store.rows(_ATTEMPTS, b=batch_id, j=job_id)
+        return [attempt_entry(r) for r in rows] or None
+
+    def log(self, batch_id: int, job_id: int, user: str) -> dict[str, str | None]:
+        """The job's container logs. A job with no attempt has run nothing, so has no log;
+        log storage for attempts comes with the workers."""
+        job = self.job(batch_id, job_id, user)
+        out: dict[str, str | None] = {"main": None}
+        if job["spec"].get("input_files"):
+            out["input"] = None
+        if job["spec"].get("output_files"):
+            out["output"] = None
+        return out
 
     def require_int(self, value: str | None, what: str) -> int | None:
         if value is None or value == "":
@@ -207,3 +230,4 @@ class Reads:
             return int(value)
         except ValueError:
             raise BadRequest(f"{what} must be an integer, not {value!r}") from None
+

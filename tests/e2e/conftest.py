@@ -45,18 +45,21 @@ SCENARIOS = Path(__file__).parent / "hail_scenarios.py"
 class System:
     url: str
     token: str
+    dev_token: str
     billing_project: str
     user: str
     log: LogSettings
     db: DatabaseSettings
     engine: sa.Engine
 
-    def hail(self, scenario: str, *args: str, timeout: float = 240) -> Any:
+    def hail(self, scenario: str, *args: str, timeout: float = 240,
+             developer: bool = False) -> Any:
         """Run a scenario with the official client; return what it printed (JSON)."""
         if not HAIL_PYTHON.exists():
             pytest.fail("the official client is not installed: run `make venv-hail`")
         proc = subprocess.run(
-            [str(HAIL_PYTHON), str(SCENARIOS), scenario, self.url, self.token,
+            [str(HAIL_PYTHON), str(SCENARIOS), scenario, self.url,
+             self.dev_token if developer else self.token,
              self.billing_project, *args],
             capture_output=True, text=True, timeout=timeout,
             env={k: v for k, v in os.environ.items() if not k.startswith("HAIL_")})
@@ -98,10 +101,14 @@ def system(broker: str, migrated_db: DatabaseSettings,
     try:
         procs.wait_for_port(port, timeout=60, proc=ingest, what="ingest")
         token, token_id, digest = new_token()
-        sys_ = System(url=f"http://127.0.0.1:{port}", token=token, billing_project="e2e",
-                      user="tester", log=log, db=migrated_db, engine=engine)
+        dev_token, dev_token_id, dev_digest = new_token()
+        sys_ = System(url=f"http://127.0.0.1:{port}", token=token, dev_token=dev_token,
+                      billing_project="e2e", user="tester", log=log, db=migrated_db,
+                      engine=engine)
         sys_.append([UserCreated(user="tester"),
                      TokenIssued(user="tester", token_id=token_id, token_sha256=digest),
+                     UserCreated(user="boss", is_developer=True),
+                     TokenIssued(user="boss", token_id=dev_token_id, token_sha256=dev_digest),
                      BillingProjectCreated(billing_project="e2e"),
                      BillingProjectMemberAdded(billing_project="e2e", user="tester")])
         yield sys_

@@ -175,8 +175,49 @@ async def errors(c: aioclient.BatchClient) -> dict[str, Any]:
     return out
 
 
+async def billing_member(c: aioclient.BatchClient) -> dict[str, Any]:
+    out: dict[str, Any] = {"list": await c.list_billing_projects(),
+                           "get": await c.get_billing_project(c.billing_project)}
+    for name, coro in (("unknown", c.get_billing_project("nope")),
+                       ("create", c.create_billing_project("mine"))):
+        try:
+            await coro
+            out[name] = None
+        except Exception as e:
+            out[name] = str(e)
+    b = c.create_batch()
+    b.create_job("ubuntu:24.04", ["true"])
+    await b.submit(disable_progress_bar=True)
+    out["attempts"] = await (await b.get_job(1)).attempts()
+    out["log"] = await (await b.get_job(1)).log()
+    return out
+
+
+async def billing_developer(c: aioclient.BatchClient) -> dict[str, Any]:
+    name = f"p{time.time_ns()}"
+    out: dict[str, Any] = {"create": await c.create_billing_project(name)}
+    out["add"] = await c.add_user("tester", name)
+    out["limit"] = await c.edit_billing_limit(name, 12.5)
+    out["after"] = await c.get_billing_project(name)
+    try:
+        await c.delete_billing_project(name)
+        out["delete_open"] = None
+    except Exception as e:
+        out["delete_open"] = str(e)
+    out["close"] = await c.close_billing_project(name)
+    out["closed"] = (await c.get_billing_project(name))["status"]
+    out["reopen"] = await c.reopen_billing_project(name)
+    out["remove"] = await c.remove_user("tester", name)
+    await c.close_billing_project(name)
+    out["delete"] = await c.delete_billing_project(name)
+    out["listed_after_delete"] = name in [p["billing_project"]
+                                          for p in await c.list_billing_projects()]
+    return out
+
+
 SCENARIOS = {f.__name__: f for f in (create_fast_dependency, big_batch, updates, groups, queries,
-                                     token_idempotent, errors)}
+                                     token_idempotent, errors, billing_member,
+                                     billing_developer)}
 
 
 async def main() -> None:

@@ -83,3 +83,22 @@ def test_error_cases(system: System) -> None:
     assert "403" in r["unknown_project"] and "no-such-project" in r["unknown_project"]
     assert "400" in r["cancelled_batch"] and "cancelled batch" in r["cancelled_batch"]
     assert "BatchNotAuthenticatedError" in r["bad_token"] or "401" in r["bad_token"]
+
+
+def test_billing_projects_for_a_member(system: System) -> None:
+    r = system.hail("billing_member")
+    assert [p["billing_project"] for p in r["list"]] == [system.billing_project]
+    assert r["get"]["users"] == ["tester"] and r["get"]["status"] == "open"
+    assert r["get"]["accrued_cost"] == 0.0 and r["get"]["limit"] is None
+    assert "403" in r["unknown"] and "Unknown Hail Batch billing project nope." in r["unknown"]
+    assert "403" in r["create"]
+    assert r["attempts"] is None and r["log"] == {"main": None}
+
+
+def test_billing_projects_for_a_developer(system: System) -> None:
+    r = system.hail("billing_developer", developer=True)
+    assert r["add"]["user"] == "tester" and r["limit"]["limit"] == 12.5
+    assert r["after"]["users"] == ["tester"] and r["after"]["limit"] == 12.5
+    assert "403" in r["delete_open"] and "must be closed" in r["delete_open"]
+    assert r["closed"] == "closed"
+    assert r["listed_after_delete"] is False
