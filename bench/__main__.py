@@ -1,8 +1,10 @@
-"""Run benchmarks: ``python -m bench [--events N] [--bootstrap HOST:PORT] [--durable]``.
+"""Run benchmarks: ``python -m bench [log] [ingest] [--events N] [--jobs N] [--bootstrap ...]``.
 
-Without ``--bootstrap`` it starts its own broker: tansu in memory, or on SeaweedFS with
-``--durable`` (the local stack's default storage), on free ports, and stops it afterwards.
-Prints a table of figures and writes the same as JSON to bench/results/.
+``log``: envelopes through the log adapter. Without ``--bootstrap`` it starts its own broker:
+tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it afterwards.
+``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
+batch status latency. With no scenario named, both run. Prints a table per scenario and writes
+the same as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench import log_throughput
+from bench import ingest_throughput, log_throughput
 from services.common import procs
 from services.common.settings import load_settings
 
@@ -57,25 +59,37 @@ def _broker(stack: ExitStack, durable: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("scenarios", nargs="*", help="log, ingest (default: both)")
     parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
     args = parser.parse_args()
-    settings = load_settings().log
-    with ExitStack() as stack:
-        bootstrap = args.bootstrap or _broker(stack, args.durable)
-        settings = msgspec.structs.replace(settings, bootstrap_servers=bootstrap)
-        storage = "external" if args.bootstrap else ("seaweedfs" if args.durable else "memory")
-        results = {"log": {"storage": storage, **log_throughput.main(settings, args.events)}}
-    table = Table(title=f"log adapter ({storage} broker)")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in results["log"].items():
-        table.add_row(key, str(value))
-    Console().print(table)
+    scenarios = args.scenarios or ["log", "ingest"]
+    unknown = set(scenarios) - {"log", "ingest"}
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}: choose from log, ingest")
+    results: dict[str, dict[str, object]] = {}
+    if "log" in scenarios:
+        settings = load_settings().log
+        with ExitStack() as stack:
+            bootstrap = args.bootstrap or _broker(stack, args.durable)
+            settings = msgspec.structs.replace(settings, bootstrap_servers=bootstrap)
+            storage = "external" if args.bootstrap else (
+                "seaweedfs" if args.durable else "memory")
+            results["log"] = {"storage": storage, **log_throughput.main(settings, args.events)}
+    if "ingest" in scenarios:
+        results["ingest"] = ingest_throughput.run(args.jobs)
+    for name, figures in results.items():
+        table = Table(title=name)
+        table.add_column("figure")
+        table.add_column("value", justify="right")
+        for key, value in figures.items():
+            table.add_row(key, str(value))
+        Console().print(table)
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"log-{storage}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path = out / f"bench-{'-'.join(results)}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -141,3 +141,26 @@ def s3_bucket_ready(port: int, bucket: str = "tansu") -> bool:
             return int(resp.status) == 200
     except OSError:  # connection refused, or an HTTP error such as 404 NoSuchBucket
         return False
+
+
+def free_port_block(span: int, *, low: int = 20_000, high: int = 32_000,
+                    avoid: frozenset[int] = frozenset({9092, 8333, 9333, 8080, 8888, 3306})
+                    ) -> int:
+    """The first of ``span`` consecutive free ports in [low, high), avoiding ``avoid``."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(low, high - span)
+        block = range(base, base + span)
+        if avoid.isdisjoint(block) and all(_bindable(p) for p in block):
+            return base
+    raise RuntimeError(f"no block of {span} free ports in [{low}, {high})")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

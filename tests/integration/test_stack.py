@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -35,26 +33,6 @@ from services.stack.config import SEAWEED_PORT_SPAN
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-DEFAULT_PORTS = {9092, 8333, 9333, 8080, 8888, 3306}
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port_block(span: int) -> int:
-    """The first of ``span`` consecutive free ports, below the ephemeral range."""
-    for _ in range(200):
-        base = random.randrange(20_000, 32_000 - span)
-        block = range(base, base + span)
-        if not DEFAULT_PORTS & set(block) and all(_bindable(p) for p in block):
-            return base
-    raise RuntimeError("no free port block")
 
 
 @dataclass
@@ -104,7 +82,7 @@ def _drop_database(name: str) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("stack")
-    seaweed_base = free_port_block(SEAWEED_PORT_SPAN)
+    seaweed_base = procs.free_port_block(SEAWEED_PORT_SPAN)
     kafka_port = procs.free_port()
     db_name = f"hs_test_{uuid.uuid4().hex[:12]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HS_STACK_", "HS_KAFKA"))}

@@ -1,0 +1,33 @@
+"""Runs under .venv-hail: submit one batch of N no-op jobs with the official client.
+
+Usage: hail_submit.py URL TOKEN BILLING_PROJECT N  ->  prints {"id", "seconds"} as JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from hailtop.aiocloud.common import Session
+from hailtop.batch_client import aioclient
+
+
+async def main() -> None:
+    url, token, project, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    session = Session(credentials=aioclient.HailExplicitTokenCredentials(token))
+    client = aioclient.BatchClient(project, url=url, session=session, headers={})
+    try:
+        b = client.create_batch(attributes={"bench": str(n)})
+        for i in range(n):
+            b.create_job("ubuntu:24.04", ["true"], attributes={"name": f"j{i}"})
+        t0 = time.perf_counter()
+        await b.submit(disable_progress_bar=True)
+        print(json.dumps({"id": b.id, "seconds": time.perf_counter() - t0}))
+    finally:
+        await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,89 @@
+"""Ingest figures: job specs accepted per second for a big batch submitted with the official
+client, and batch status latency at 1,000 and at N jobs.
+
+A private stack (its own data dir, free ports, its own database; durable broker by default,
+as `make up` runs it) is started with the stack CLI and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from services.common import procs
+from services.common.settings import load_settings
+from services.stack.config import SEAWEED_PORT_SPAN
+
+REPO = Path(__file__).resolve().parents[1]
+HAIL_PYTHON = REPO / ".venv-hail" / "bin" / "python"
+
+
+def _stack(env: dict[str, str], *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "services.stack", *args], env=env, cwd=REPO,
+                   check=True, capture_output=True, timeout=300)
+
+
+def _submit(url: str, token: str, n: int) -> dict[str, Any]:
+    out = subprocess.run([str(HAIL_PYTHON), str(REPO / "bench" / "hail_submit.py"), url, token,
+                          "dev", str(n)], capture_output=True, text=True, timeout=1800,
+                         check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _latency_ms(url: str, token: str, batch_id: int, n: int = 200) -> dict[str, float]:
+    req = urllib.request.Request(f"{url}/api/v1alpha/batches/{batch_id}",
+                                 headers={"Authorization": f"Bearer {token}"})
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            resp.read()
+        samples.append((time.perf_counter() - t0) * 1000)
+    samples.sort()
+    return {"median": round(statistics.median(samples), 2),
+            "p95": round(samples[int(0.95 * len(samples)) - 1], 2)}
+
+
+def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
+    if not HAIL_PYTHON.exists():
+        raise SystemExit("the official client is missing: run `make venv-hail`")
+    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-ingest-"))
+    db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
+    service_port = procs.free_port()
+    env = {**os.environ, "HS_DATA_DIR": str(tmp),
+           "HS_KAFKA_BOOTSTRAP": f"127.0.0.1:{procs.free_port()}",
+           "HS_STACK_SEAWEED_BASE_PORT": str(procs.free_port_block(SEAWEED_PORT_SPAN)),
+           "HS_STACK_SERVICE_BASE_PORT": str(service_port),
+           "HS_STACK_MODE": "durable" if durable else "memory", "HS_DB_NAME": db_name}
+    url = f"http://127.0.0.1:{service_port}"
+    try:
+        _stack(env, "up", "--quiet")
+        token = (tmp / "dev-token").read_text().strip()
+        small = _submit(url, token, 1_000)
+        big = _submit(url, token, n_jobs)
+        return {
+            "storage": "seaweedfs" if durable else "memory",
+            "jobs": n_jobs,
+            "submit_seconds": round(big["seconds"], 2),
+            "job_specs_per_s": round(n_jobs / big["seconds"]),
+            "submit_1000_seconds": round(small["seconds"], 2),
+            "status_ms_at_1000_jobs": _latency_ms(url, token, small["id"]),
+            f"status_ms_at_{n_jobs}_jobs": _latency_ms(url, token, big["id"]),
+        }
+    finally:
+        _stack(env, "down")
+        engine = sa.create_engine(load_settings().db.url(database=False))
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{db_name}`"))
+        engine.dispose()
