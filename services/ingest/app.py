@@ -256,6 +256,13 @@ async def job_log(request: web.Request) -> web.Response:
                        _int(request, "job_id"), request[USER].name)
 
 
+async def container_log(request: web.Request) -> web.Response:
+    data = await asyncio.to_thread(
+        request.app[READS].container_log, _int(request, "batch_id"), _int(request, "job_id"),
+        request.match_info["container"], request[USER].name, request.query.get("attempt_id"))
+    return web.Response(body=data, content_type="application/octet-stream")
+
+
 async def healthcheck(request: web.Request) -> web.Response:
     return web.Response()
 
@@ -313,6 +320,7 @@ def create_app(store: Store, commands: Commands, billing_: Billing) -> web.Appli
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}", get_job),
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/attempts", job_attempts),
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/log", job_log),
+        web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/log/{{container}}", container_log),
         web.get("/api/v1alpha/billing_projects", list_projects),
         web.get("/api/v1alpha/billing_projects/{billing_project}", get_project),
         web.post("/api/v1alpha/billing_projects/{billing_project}/{action}", project_action),

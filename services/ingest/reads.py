@@ -223,6 +223,17 @@ class Reads:
             out["output"] = None
         return out
 
+    def container_log(self, batch_id: int, job_id: int, container: str, user: str,
+                      attempt_id: str | None) -> bytes:
+        """One container's raw log. Logs exist only for attempts that ran."""
+        if container not in ("input", "main", "output"):
+            raise BadRequest(f"unknown container {container!r}: expected input, main or output")
+        attempts = self.attempts(batch_id, job_id, user) or []
+        if attempt_id is not None and attempt_id not in {a["attempt_id"] for a in attempts}:
+            raise NotFound(f"job {batch_id}.{job_id} has no attempt {attempt_id}")
+        raise NotFound(f"job {batch_id}.{job_id} has no {container} log: "
+                       + ("it has not run" if not attempts else "no log was stored"))
+
     def require_int(self, value: str | None, what: str) -> int | None:
         if value is None or value == "":
             return None

@@ -97,3 +97,15 @@ def test_batches_of_other_projects_are_404(system: System) -> None:
     assert call(system, "GET", f"/api/v1alpha/batches/{batch_id}", token=system.dev_token
                 )[0] == 404
     assert call(system, "GET", f"/api/v1alpha/batches/{batch_id}")[0] == 200
+
+
+def test_container_logs(system: System) -> None:
+    code, created = call(system, "POST", "/api/v1alpha/batches/create-fast",
+                         fast([job(1)], "t-logs"))
+    assert code == 200
+    b = json.loads(created)["id"]
+    code, text = call(system, "GET", f"/api/v1alpha/batches/{b}/jobs/1/log/sidecar")
+    assert code == 400 and "unknown container" in text
+    code, text = call(system, "GET", f"/api/v1alpha/batches/{b}/jobs/1/log/main")
+    assert code == 404 and "has not run" in text
+    assert call(system, "GET", f"/api/v1alpha/batches/{b}/jobs/2/log/main")[0] == 404
