@@ -73,7 +73,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     data_dir: str = "var"
 
 
-def _bool(value: str) -> bool:
+def parse_bool(value: str) -> bool:
+    """``1/true/yes/on`` or ``0/false/no/off`` (any case)."""
     if value.lower() in ("1", "true", "yes", "on"):
         return True
     if value.lower() in ("0", "false", "no", "off"):
@@ -86,7 +87,7 @@ _LOG_ENV = {
     "HS_KAFKA_CLIENT_ID": ("client_id", str),
     "HS_KAFKA_PARTITIONS": ("partitions", int),
     "HS_KAFKA_REPLICATION_FACTOR": ("replication_factor", int),
-    "HS_KAFKA_IDEMPOTENT": ("idempotent", _bool),
+    "HS_KAFKA_IDEMPOTENT": ("idempotent", parse_bool),
     "HS_KAFKA_LINGER_MS": ("linger_ms", int),
     "HS_KAFKA_COMPRESSION": ("compression", str),
     "HS_KAFKA_SESSION_TIMEOUT_MS": ("session_timeout_ms", int),
@@ -102,7 +103,9 @@ _DB_ENV = {
 }
 
 
-def _pick(env: Mapping[str, str], table: Mapping[str, tuple[str, object]]) -> dict[str, object]:
+def pick_env(env: Mapping[str, str], table: Mapping[str, tuple[str, object]]
+             ) -> dict[str, object]:
+    """Parse the variables of ``table`` present in ``env`` into struct fields."""
     out: dict[str, object] = {}
     for var, (field, parse) in table.items():
         if var in env:
@@ -117,8 +120,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     """Read settings from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
     return Settings(
-        log=LogSettings(**_pick(env, _LOG_ENV)),  # type: ignore[arg-type]
-        db=DatabaseSettings(**_pick(env, _DB_ENV)),  # type: ignore[arg-type]
+        log=LogSettings(**pick_env(env, _LOG_ENV)),  # type: ignore[arg-type]
+        db=DatabaseSettings(**pick_env(env, _DB_ENV)),  # type: ignore[arg-type]
         data_dir=env.get("HS_DATA_DIR", "var"),
     )
 

@@ -20,7 +20,7 @@ from typing import Literal
 
 import msgspec
 
-from services.common.settings import Settings, load_settings
+from services.common.settings import Settings, load_settings, parse_bool, pick_env
 
 Mode = Literal["durable", "memory"]
 
@@ -54,14 +54,6 @@ class StackSettings(msgspec.Struct, frozen=True, kw_only=True):
         return self.seaweed_base_port + SEAWEED_GRPC_PORTS[name]
 
 
-def _bool(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"expected a boolean, got {value!r}")
-
-
 def _mode(value: str) -> Mode:
     if value == "durable":
         return "durable"
@@ -76,21 +68,14 @@ _STACK_ENV = {
     "HS_STACK_SEAWEED_BASE_PORT": ("seaweed_base_port", int),
     "HS_STACK_SERVICE_BASE_PORT": ("service_base_port", int),
     "HS_STACK_START_TIMEOUT_S": ("start_timeout_s", float),
-    "HS_STACK_INSTALL_DB": ("install_db", _bool),
+    "HS_STACK_INSTALL_DB": ("install_db", parse_bool),
 }
 
 
 def load_stack_settings(env: Mapping[str, str] | None = None) -> StackSettings:
     """Read ``HS_STACK_*`` variables from ``env`` (default: the process environment)."""
     env = os.environ if env is None else env
-    fields: dict[str, object] = {}
-    for var, (field, parse) in _STACK_ENV.items():
-        if var in env:
-            try:
-                fields[field] = parse(env[var])  # type: ignore[operator]
-            except ValueError as e:
-                raise ValueError(f"{var}: {e}") from None
-    return StackSettings(**fields)  # type: ignore[arg-type]
+    return StackSettings(**pick_env(env, _STACK_ENV))  # type: ignore[arg-type]
 
 
 def _bootstrap_port(bootstrap: str) -> int:
