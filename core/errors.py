@@ -46,3 +46,9 @@ class NotFound(DomainError):
     """The thing named does not exist or is not visible to the caller (HTTP 404)."""
 
     status: ClassVar[int] = 404
+
+
+class Unavailable(DomainError):
+    """The service refuses the request for now (frozen by an operator): HTTP 503."""
+
+    status: ClassVar[int] = 503

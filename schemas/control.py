@@ -119,3 +119,14 @@ class ResourceRateSet(ControlEvent, frozen=True, kw_only=True, tag="resource.rat
     def key(self) -> str:
         """The resource name."""
         return self.resource
+
+
+class ServiceFreezeSet(ControlEvent, frozen=True, kw_only=True, tag="service.freeze_set"):
+    """An operator froze (or thawed) the service: while frozen, ingest refuses writes (503)."""
+
+    frozen: bool
+    reason: str | None = None
+
+    def key(self) -> str:
+        """All freezes share one key, so they are totally ordered."""
+        return "service"

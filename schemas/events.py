@@ -61,6 +61,7 @@ from schemas.control import (
     BillingProjectMemberRemoved,
     BillingProjectReopened,
     ResourceRateSet,
+    ServiceFreezeSet,
     TokenIssued,
     TokenRevoked,
     UserCreated,
@@ -98,6 +99,7 @@ AnyEvent: TypeAlias = (
     | BillingProjectMemberRemoved
     | BillingLimitSet
     | ResourceRateSet
+    | ServiceFreezeSet
     | BatchCreated
     | UpdateOpened
     | JobGroupsSubmitted

@@ -38,6 +38,7 @@ from schemas.control import (
     BillingProjectMemberRemoved,
     BillingProjectReopened,
     ResourceRateSet,
+    ServiceFreezeSet,
     TokenIssued,
     TokenRevoked,
     UserCreated,
@@ -146,6 +147,8 @@ def sample_events() -> list[AnyEvent]:
         InstanceDeactivated(instance_name="worker-std-0001", reason="idle"),
         InstanceDeleted(instance_name="worker-std-0001", reason="idle"),
         LogMarker(marker_id="m-0", kafka_partition=0),
+        # New samples go at the end: a sample's id and time come from its position.
+        ServiceFreezeSet(frozen=True, reason="database maintenance"),
     ]
 
 

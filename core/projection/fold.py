@@ -29,6 +29,7 @@ from schemas.control import (
     BillingProjectReopened,
     ControlEvent,
     ResourceRateSet,
+    ServiceFreezeSet,
     TokenIssued,
     TokenRevoked,
     UserCreated,
@@ -90,6 +91,10 @@ def fold_control(event: ControlEvent, time_ms: int) -> list[Op]:
                 "resource": event.resource, "product": product or event.resource,
                 "version": version if product else "1", "rate": str(event.rate),
                 "time_created_ms": time_ms}], ("rate",))]
+        case ServiceFreezeSet():
+            return [Upsert("feature_flags", [{"name": "frozen", "enabled": event.frozen,
+                                              "time_updated_ms": time_ms}],
+                           ("enabled", "time_updated_ms"))]
     raise TypeError(f"not a control event: {type(event).__name__}")
 
 

@@ -22,6 +22,7 @@ from schemas.control import (
     BillingProjectMemberAdded,
     BillingProjectMemberRemoved,
     BillingProjectReopened,
+    ServiceFreezeSet,
     TokenIssued,
     TokenRevoked,
     UserCreated,
@@ -129,6 +130,18 @@ def set_limit(billing_project: str, limit: str) -> None:
         raise typer.BadParameter("limit must not be negative")
     _run([BillingLimitSet(billing_project=billing_project, limit=value)],
          f"limit of {billing_project} set to {value}")
+
+
+@app.command()
+def freeze(reason: Annotated[str, typer.Option(help="Why, for the log.")] = "") -> None:
+    """Freeze the service: submissions get 503 until `unfreeze` (reads, cancels still work)."""
+    _run([ServiceFreezeSet(frozen=True, reason=reason or None)], "frozen")
+
+
+@app.command()
+def unfreeze() -> None:
+    """Accept submissions again."""
+    _run([ServiceFreezeSet(frozen=False)], "unfrozen")
 
 
 def main() -> None:

@@ -256,6 +256,11 @@ async def job_log(request: web.Request) -> web.Response:
                        _int(request, "job_id"), request[USER].name)
 
 
+async def resource_usage(request: web.Request) -> web.Response:
+    return await _read(request, request.app[READS].resource_usage, _int(request, "batch_id"),
+                       _int(request, "job_id"), request[USER].name)
+
+
 async def container_log(request: web.Request) -> web.Response:
     data = await asyncio.to_thread(
         request.app[READS].container_log, _int(request, "batch_id"), _int(request, "job_id"),
@@ -320,6 +325,7 @@ def create_app(store: Store, commands: Commands, billing_: Billing) -> web.Appli
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}", get_job),
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/attempts", job_attempts),
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/log", job_log),
+        web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/resource_usage", resource_usage),
         web.get(f"{b}/{{batch_id}}/jobs/{{job_id}}/log/{{container}}", container_log),
         web.get("/api/v1alpha/billing_projects", list_projects),
         web.get("/api/v1alpha/billing_projects/{billing_project}", get_project),

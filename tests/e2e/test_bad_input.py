@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
+
+from schemas.control import ServiceFreezeSet
 
 from .conftest import System
 
@@ -109,3 +112,24 @@ def test_container_logs(system: System) -> None:
     code, text = call(system, "GET", f"/api/v1alpha/batches/{b}/jobs/1/log/main")
     assert code == 404 and "has not run" in text
     assert call(system, "GET", f"/api/v1alpha/batches/{b}/jobs/2/log/main")[0] == 404
+
+
+def test_frozen_service_refuses_submissions_with_503(system: System) -> None:
+    code, created = call(system, "POST", "/api/v1alpha/batches/create-fast",
+                         fast([job(1)], "t-before-freeze"))
+    assert code == 200
+    b = json.loads(created)["id"]
+    system.append([ServiceFreezeSet(frozen=True, reason="test")])
+    try:
+        time.sleep(2.5)  # ingest caches the switch for 2 s
+        code, text = call(system, "POST", "/api/v1alpha/batches/create-fast",
+                          fast([job(1)], "t-frozen"))
+        assert code == 503 and "frozen" in text
+        assert call(system, "GET", f"/api/v1alpha/batches/{b}")[0] == 200  # reads still work
+        code, usage = call(system, "GET", f"/api/v1alpha/batches/{b}/jobs/1/resource_usage")
+        assert code == 200 and json.loads(usage) == {}
+    finally:
+        system.append([ServiceFreezeSet(frozen=False)])
+    time.sleep(2.5)
+    assert call(system, "POST", "/api/v1alpha/batches/create-fast",
+                fast([job(1)], "t-thawed"))[0] == 200
