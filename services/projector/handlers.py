@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 from core.projection.cancel import Cancellable, plan_cancel
 from core.projection.commit import BatchBefore, CommitJob, plan_commit
+from core.projection.execution import Child, JobFacts, move, release_children
 from core.projection.fold import (
     fold_batch_created,
     fold_batch_deleted,
@@ -22,7 +23,7 @@ from core.projection.fold import (
     fold_jobs,
     fold_update_opened,
 )
-from core.projection.ops import Update, UpdateIn
+from core.projection.ops import InsertIgnore, Update, UpdateIn
 from schemas.base import CancelReason, JobState
 from schemas.batch import (
     BatchCancelled,
@@ -36,6 +37,14 @@ from schemas.batch import (
 )
 from schemas.control import ControlEvent
 from schemas.envelope import Envelope
+from schemas.execution import (
+    AttemptHeartbeat,
+    AttemptLost,
+    JobCancelled,
+    JobCompleted,
+    JobScheduled,
+    JobStarted,
+)
 from services.projector.writer import Writer
 
 
@@ -70,6 +79,20 @@ _CANCELLABLE = _t(
     "FROM job_group_inst_coll_cancellable_resources "
     "WHERE batch_id = :b AND job_group_id IN :groups GROUP BY job_group_id, inst_coll", "groups")
 _OWNER = sa.text("SELECT user FROM batches WHERE id = :b")
+_JOB_ROW = sa.text(
+    "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
+    "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.committed, b.user "
+    "FROM jobs j JOIN batches b ON b.id = j.batch_id WHERE j.batch_id = :b AND j.job_id = :j")
+_CHILDREN = sa.text(
+    "SELECT c.job_id, c.job_group_id, c.state, c.cancelled, c.always_run, c.cores_mcpu, "
+    "c.inst_coll, c.n_pending_parents FROM job_parents jp JOIN jobs c ON "
+    "c.batch_id = jp.batch_id AND c.job_id = jp.job_id "
+    "WHERE jp.batch_id = :b AND jp.parent_id = :j AND c.committed")
+_GROUP_PROGRESS = _t(
+    "SELECT c.job_group_id, c.n_jobs, c.n_completed, g.state FROM job_group_job_counts c "
+    "JOIN job_groups g ON g.batch_id = c.batch_id AND g.job_group_id = c.job_group_id "
+    "WHERE c.batch_id = :b AND c.job_group_id IN :groups", "groups")
+_COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 
 
 class Handler:
@@ -106,6 +129,18 @@ class Handler:
                 self._cancel(event.batch_id, event.job_group_id, event.reason, now)
             case BatchDeleted():
                 self._w.emit(fold_batch_deleted(event, now))
+            case JobScheduled() | JobStarted():
+                self._start(event, now)
+            case JobCompleted():
+                self._completed(event, now)
+            case AttemptHeartbeat():
+                self._w.emit([Update("attempts", {"rollup_time_ms": event.rollup_time_ms}, {
+                    "batch_id": event.batch_id, "job_id": event.job_id,
+                    "attempt_id": event.attempt_id})])
+            case AttemptLost():
+                self._lost(event, now)
+            case JobCancelled():
+                self._job_cancelled(event, now)
             case _:
                 return False
         return True
@@ -177,3 +212,128 @@ class Handler:
         self._w.emit(plan_cancel(batch_id=batch_id, user=str(owner[0][0]), groups=groups,
                                  cancellable=cancellable, reason=reason, token=self._token,
                                  now_ms=now))
+
+    # --- execution --------------------------------------------------------------------------
+    def _job(self, batch_id: int, job_id: int) -> Any | None:
+        rows = self._read(_JOB_ROW, b=batch_id, j=job_id)
+        return rows[0] if rows and rows[0].committed else None
+
+    def _ancestors(self, batch_id: int, group: int) -> list[int]:
+        return [int(a) for _, a, _ in self._read(_ANCESTRY, b=batch_id, groups=[group])]
+
+    def _facts(self, batch_id: int, row: Any, user: str | None = None) -> JobFacts:
+        cancelled = not row.always_run and (
+            bool(row.cancelled) or int(row.job_group_id) in self._cancelled_groups(batch_id))
+        return JobFacts(batch_id, int(row.job_id), int(row.job_group_id),
+                        str(user if user is not None else row.user), str(row.inst_coll),
+                        int(row.cores_mcpu), bool(row.always_run), cancelled)
+
+    def _attempt(self, batch_id: int, job_id: int, attempt_id: str, instance: str) -> None:
+        self._w.emit([InsertIgnore("attempts", [{
+            "batch_id": batch_id, "job_id": job_id, "attempt_id": attempt_id,
+            "instance_name": instance}])])
+
+    def _start(self, event: JobScheduled | JobStarted, now: int) -> None:
+        """SJ or MJS: the attempt exists; a Ready (or Creating) job becomes Running.
+
+        MJS may overtake SJ, and either may be duplicated: the first one moves the job."""
+        b, j = event.batch_id, event.job_id
+        self._attempt(b, j, event.attempt_id, event.instance_name)
+        if isinstance(event, JobStarted):
+            self._w.emit([Update("attempts", {"start_time_ms": event.start_time_ms},
+                                 {"batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
+            if event.resources:
+                self._w.emit([InsertIgnore("attempt_resources", [{
+                    "batch_id": b, "job_id": j, "attempt_id": event.attempt_id,
+                    "resource": r.resource, "quantity": r.quantity} for r in event.resources])])
+        row = self._job(b, j)
+        if row is None:
+            return
+        values: dict[str, Any] = {}
+        if row.state in ("Ready", "Creating"):
+            facts = self._facts(b, row)
+            self._w.emit(move(facts, row.state, "Running", self._ancestors(b, facts.job_group_id),
+                              self._token))
+            values = {"state": "Running", "attempt_id": event.attempt_id,
+                      "instance_name": event.instance_name, "n_attempts": row.n_attempts + 1}
+        if isinstance(event, JobStarted) and (values or row.attempt_id == event.attempt_id):
+            values["start_time_ms"] = event.start_time_ms
+        if values:
+            self._w.emit([Update("jobs", values, {"batch_id": b, "job_id": j})])
+
+    def _completed(self, event: JobCompleted, now: int) -> None:
+        """MJC: the first completion of a job decides its state; duplicates only fill times."""
+        b, j = event.batch_id, event.job_id
+        self._attempt(b, j, event.attempt_id, event.instance_name)
+        self._w.emit([Update("attempts", {
+            "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms,
+            "rollup_time_ms": event.end_time_ms}, {
+            "batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
+        if event.resources:
+            self._w.emit([InsertIgnore("attempt_resources", [{
+                "batch_id": b, "job_id": j, "attempt_id": event.attempt_id,
+                "resource": r.resource, "quantity": r.quantity} for r in event.resources])])
+        row = self._job(b, j)
+        if row is None or row.state in _COMPLETE:
+            return
+        self._end(b, row, event.state, now, {
+            "exit_code": event.exit_code, "status": event.status,
+            "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms,
+            "attempt_id": event.attempt_id, "instance_name": event.instance_name})
+
+    def _lost(self, event: AttemptLost, now: int) -> None:
+        b, j = event.batch_id, event.job_id
+        self._w.emit([Update("attempts", {"end_time_ms": event.end_time_ms,
+                                          "reason": event.reason},
+                             {"batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
+        row = self._job(b, j)
+        if row is None or row.state != "Running" or row.attempt_id != event.attempt_id:
+            return
+        if row.n_attempts >= row.n_max_attempts:
+            self._end(b, row, "Error", now, {"end_time_ms": event.end_time_ms})
+            return
+        facts = self._facts(b, row)
+        self._w.emit(move(facts, "Running", "Ready", self._ancestors(b, facts.job_group_id),
+                          self._token))
+        self._w.emit([Update("jobs", {"state": "Ready", "attempt_id": None,
+                                      "instance_name": None},
+                             {"batch_id": b, "job_id": j})])
+
+    def _job_cancelled(self, event: JobCancelled, now: int) -> None:
+        row = self._job(event.batch_id, event.job_id)
+        if row is None or row.state in _COMPLETE:
+            return
+        self._end(event.batch_id, row, "Cancelled", now,
+                  {"cancel_reason": event.reason, "end_time_ms": now})
+
+    def _end(self, b: int, row: Any, state: JobState, now: int, values: dict[str, Any]) -> None:
+        """A job ends: move its counters, release its children, complete what completed."""
+        facts = self._facts(b, row)
+        ancestors = self._ancestors(b, facts.job_group_id)
+        self._w.emit(move(facts, row.state, state, ancestors, self._token))
+        self._w.emit([Update("jobs", {"state": state, **values},
+                             {"batch_id": b, "job_id": facts.job_id})])
+        children = [Child(self._facts(b, c, facts.user), c.state, int(c.n_pending_parents))
+                    for c in self._read(_CHILDREN, b=b, j=facts.job_id)]
+        if children:
+            groups = {c.facts.job_group_id for c in children}
+            ancestors_of = {g: self._ancestors(b, g) for g in groups}
+            releases, incs = release_children(state, children, ancestors_of, self._token)
+            self._w.emit(incs)
+            by_values: dict[tuple[int, str, bool], list[int]] = defaultdict(list)
+            for r in releases:
+                by_values[(r.n_pending_parents, r.state, r.cancelled_flag)].append(r.job_id)
+            for (pending, new_state, flag), ids in sorted(by_values.items()):
+                set_values: dict[str, Any] = {"n_pending_parents": pending, "state": new_state}
+                if flag:
+                    set_values |= {"cancelled": True, "cancel_reason": "parent_failed"}
+                self._w.emit([UpdateIn("jobs", set_values, {"batch_id": b}, "job_id", ids)])
+        for group, n_jobs, n_completed, group_state in self._read(
+                _GROUP_PROGRESS, b=b, groups=ancestors):
+            if n_completed == n_jobs and group_state != "complete":
+                self._w.emit([Update("job_groups", {"state": "complete",
+                                                    "time_completed_ms": now},
+                                     {"batch_id": b, "job_group_id": int(group)})])
+                if int(group) == 0:
+                    self._w.emit([Update("batches", {"state": "complete",
+                                                     "time_completed_ms": now}, {"id": b})])

@@ -1,0 +1,233 @@
+"""Execution events in the projector: SJ/MJS/MJC, lost attempts, cancellation, completion."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from schemas.batch import BatchCancelled, JobGroupCancelled, JobGroupRecord
+from schemas.execution import (
+    AttemptLost,
+    JobCancelled,
+    JobCompleted,
+    JobScheduled,
+    JobStarted,
+)
+from services.common.settings import DatabaseSettings
+from services.projector.sink import Sink
+
+from .projection_helpers import T0, Stream, job, query, snapshot, submission
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(migrated_db.url())
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sink(engine: sa.Engine, request: pytest.FixtureRequest) -> Sink:
+    return Sink(engine, request.node.name)
+
+
+def sj(b: int, j: int, a: str = "a1", cores: int = 1000) -> JobScheduled:
+    return JobScheduled(batch_id=b, job_id=j, attempt_id=a, instance_name="w1",
+                        inst_coll="standard", cores_mcpu=cores)
+
+
+def mjs(b: int, j: int, a: str = "a1") -> JobStarted:
+    return JobStarted(batch_id=b, job_id=j, attempt_id=a, instance_name="w1",
+                      start_time_ms=T0 + 10)
+
+
+def mjc(b: int, j: int, state: str = "Success", a: str = "a1") -> JobCompleted:
+    return JobCompleted(batch_id=b, job_id=j, attempt_id=a, instance_name="w1",
+                        state=state, exit_code=0 if state == "Success" else 1,  # type: ignore[arg-type]
+                        start_time_ms=T0 + 10, end_time_ms=T0 + 20)
+
+
+def states(engine: sa.Engine, b: int) -> dict[int, str]:
+    return dict(query(engine, "SELECT job_id, state FROM jobs WHERE batch_id = :b", b=b))
+
+
+def user_row(engine: sa.Engine, user: str) -> dict[str, int]:
+    cols = ("n_ready_jobs", "ready_cores_mcpu", "n_running_jobs", "running_cores_mcpu",
+            "n_creating_jobs", "n_cancelled_ready_jobs", "n_cancelled_running_jobs")
+    (row,) = query(engine, f"SELECT {', '.join(f'SUM({c})' for c in cols)} FROM "
+                   "user_inst_coll_resources WHERE user = :u", u=user)
+    return {c: int(v or 0) for c, v in zip(cols, row, strict=True)}
+
+
+def counts(engine: sa.Engine, b: int, g: int = 0) -> dict[str, int]:
+    cols = ("n_jobs", "n_pending", "n_ready", "n_running", "n_completed", "n_succeeded",
+            "n_failed", "n_cancelled")
+    (row,) = query(engine, f"SELECT {', '.join(cols)} FROM job_group_job_counts WHERE "
+                   "batch_id = :b AND job_group_id = :g", b=b, g=g)
+    return dict(zip(cols, (int(v) for v in row), strict=True))
+
+
+def test_schedule_start_complete_release_and_finish(engine: sa.Engine, sink: Sink) -> None:
+    s = Stream()
+    sink.apply(s.records(submission(1, 1, [job(1), job(2, 0, [1]), job(3, 0, [1, 2])],
+                                    create=True, user="u1")))
+    sink.apply(s.records([sj(1, 1)]))
+    assert states(engine, 1)[1] == "Running"
+    assert user_row(engine, "u1")["n_running_jobs"] == 1
+    assert user_row(engine, "u1")["running_cores_mcpu"] == 1000
+    assert user_row(engine, "u1")["n_ready_jobs"] == 0
+    assert counts(engine, 1)["n_running"] == 1 and counts(engine, 1)["n_ready"] == 0
+    # A duplicate SJ and the MJS change nothing but the start time.
+    before = user_row(engine, "u1")
+    sink.apply(s.records([sj(1, 1), mjs(1, 1)]))
+    assert user_row(engine, "u1") == before
+    assert query(engine, "SELECT start_time_ms, n_attempts FROM jobs WHERE batch_id=1 AND "
+                 "job_id=1") == [(T0 + 10, 1)]
+    sink.apply(s.records([mjc(1, 1)]))
+    assert states(engine, 1) == {1: "Success", 2: "Ready", 3: "Pending"}
+    assert query(engine, "SELECT n_pending_parents FROM jobs WHERE batch_id=1 AND job_id=3"
+                 ) == [(1,)]
+    sink.apply(s.records([mjs(1, 2, "b"), sj(1, 2, "b"), mjc(1, 2, a="b")]))  # MJS first
+    sink.apply(s.records([sj(1, 3, "c"), mjc(1, 3, a="c")]))
+    assert states(engine, 1) == {1: "Success", 2: "Success", 3: "Success"}
+    assert counts(engine, 1)["n_succeeded"] == 3 and counts(engine, 1)["n_completed"] == 3
+    assert query(engine, "SELECT state, time_completed_ms IS NOT NULL FROM batches WHERE id=1"
+                 ) == [("complete", 1)]
+    assert all(v == 0 for v in user_row(engine, "u1").values())
+    # A late duplicate MJC changes nothing.
+    before_snap = snapshot(engine)
+    sink.apply(s.records([mjc(1, 3, "Failed", a="c")]))
+    assert snapshot(engine) == before_snap
+
+
+def test_failed_parent_cancels_children_unless_always_run(engine: sa.Engine, sink: Sink) -> None:
+    s = Stream()
+    sink.apply(s.records(submission(2, 1, [job(1), job(2, 0, [1]), job(3, 0, [1],
+                                                                     always_run=True)],
+                                    create=True, user="u2")))
+    sink.apply(s.records([sj(2, 1), mjc(2, 1, "Failed")]))
+    assert states(engine, 2) == {1: "Failed", 2: "Ready", 3: "Ready"}
+    assert dict(query(engine, "SELECT job_id, cancelled FROM jobs WHERE batch_id=2")) == {
+        1: 0, 2: 1, 3: 0}
+    assert user_row(engine, "u2")["n_cancelled_ready_jobs"] == 1
+    assert user_row(engine, "u2")["n_ready_jobs"] == 1
+    sink.apply(s.records([JobCancelled(batch_id=2, job_id=2, reason="parent_failed"),
+                          sj(2, 3, "x"), mjc(2, 3, a="x")]))
+    assert states(engine, 2) == {1: "Failed", 2: "Cancelled", 3: "Success"}
+    assert counts(engine, 2)["n_failed"] == 1 and counts(engine, 2)["n_cancelled"] == 1
+    assert all(v == 0 for v in user_row(engine, "u2").values())
+
+
+def test_lost_attempts_retry_until_n_max_attempts(engine: sa.Engine, sink: Sink) -> None:
+    s = Stream()
+    record = job(1)
+    record = type(record)(**{**{f: getattr(record, f) for f in record.__struct_fields__},
+                             "n_max_attempts": 2})
+    sink.apply(s.records(submission(3, 1, [record], create=True, user="u3")))
+    lost = AttemptLost(batch_id=3, job_id=1, attempt_id="a1", instance_name="w1",
+                       reason="preempted", end_time_ms=T0 + 5)
+    sink.apply(s.records([sj(3, 1), lost]))
+    assert states(engine, 3) == {1: "Ready"} and user_row(engine, "u3")["n_ready_jobs"] == 1
+    sink.apply(s.records([sj(3, 1, "a2"), AttemptLost(
+        batch_id=3, job_id=1, attempt_id="a2", instance_name="w1", reason="instance_lost",
+        end_time_ms=T0 + 9)]))
+    assert states(engine, 3) == {1: "Error"}
+    assert counts(engine, 3)["n_failed"] == 1
+    assert query(engine, "SELECT COUNT(*) FROM attempts WHERE batch_id=3") == [(2,)]
+    assert all(v == 0 for v in user_row(engine, "u3").values())
+
+
+def _random_execution(seed: int) -> list[Any]:
+    """A batch with groups and a DAG, run in a random legal order with failures, losses and
+    a group cancellation; every job ends (the canceller cancels what is left)."""
+    rng = random.Random(seed)
+    groups = [JobGroupRecord(job_group_id=1, parent_id=0), JobGroupRecord(job_group_id=2,
+                                                                          parent_id=1)]
+    jobs = [job(i, rng.choice([0, 1, 2]),
+                sorted(rng.sample(range(1, i), k=min(i - 1, rng.choice([0, 0, 1, 2])))),
+                always_run=rng.random() < 0.2, cores=rng.choice([250, 1000, 2000]))
+            for i in range(1, 31)]
+    events: list[Any] = submission(9, 1, jobs, groups, create=True, user="r")
+    parents = {j.job_id: set(j.parent_ids) for j in jobs}
+    done: set[int] = set()
+    running: dict[int, str] = {}
+    cancelled_group = False
+    while len(done) < len(jobs):
+        ready = [j for j in parents if j not in done and j not in running
+                 and parents[j] <= done]
+        choice = rng.random()
+        if not cancelled_group and len(done) > 10:
+            events.append(JobGroupCancelled(batch_id=9, job_group_id=1))
+            cancelled_group = True
+        elif ready and (choice < 0.5 or not running):
+            j = rng.choice(ready)
+            a = f"a{j}-{rng.randrange(10**6)}"
+            running[j] = a
+            events += [sj(9, j, a)] if rng.random() < 0.5 else [mjs(9, j, a), sj(9, j, a)]
+        elif running:
+            j = rng.choice(sorted(running))
+            a = running.pop(j)
+            r = rng.random()
+            if r < 0.15:
+                events.append(AttemptLost(batch_id=9, job_id=j, attempt_id=a,
+                                          instance_name="w1", reason="preempted",
+                                          end_time_ms=T0))
+            else:
+                events.append(mjc(9, j, "Success" if r < 0.8 else "Failed", a))
+                done.add(j)
+        else:
+            j = rng.choice(ready)
+            events.append(JobCancelled(batch_id=9, job_id=j, reason="user"))
+            done.add(j)
+    return events
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_counters_return_to_zero_and_batching_does_not_matter(
+        db_server: DatabaseSettings, seed: int) -> None:
+    from .projection_helpers import fresh_engines
+
+    records = Stream().records(_random_execution(seed))
+    snaps = []
+    for (engine, name), chunk in zip(fresh_engines(db_server, 2), (1, 17), strict=True):
+        try:
+            sink = Sink(engine, "p")
+            for i in range(0, len(records), chunk):
+                sink.apply(records[i:i + chunk])
+            snaps.append(snapshot(engine))
+            assert all(v == 0 for v in user_row(engine, "r").values()), user_row(engine, "r")
+            (left,) = query(engine, "SELECT COALESCE(SUM(n_ready_cancellable_jobs + "
+                            "n_running_cancellable_jobs), 0) FROM "
+                            "job_group_inst_coll_cancellable_resources")
+            assert int(left[0]) == 0
+            c = counts(engine, 9)
+            assert c["n_completed"] == c["n_jobs"] == 30
+            assert c["n_pending"] == c["n_ready"] == c["n_running"] == 0
+            assert query(engine, "SELECT state FROM batches WHERE id = 9") == [("complete",)]
+        finally:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"DROP DATABASE `{name}`"))
+            engine.dispose()
+    assert snaps[0] == snaps[1]
+
+
+def test_batch_cancel_then_drain(engine: sa.Engine, sink: Sink) -> None:
+    s = Stream()
+    sink.apply(s.records(submission(5, 1, [job(1), job(2), job(3, always_run=True)],
+                                    create=True, user="u5")))
+    sink.apply(s.records([sj(5, 1), BatchCancelled(batch_id=5)]))
+    row = user_row(engine, "u5")
+    assert row["n_ready_jobs"] == 1 and row["n_cancelled_ready_jobs"] == 1
+    assert row["n_running_jobs"] == 0 and row["n_cancelled_running_jobs"] == 1
+    sink.apply(s.records([mjc(5, 1, "Cancelled"), JobCancelled(batch_id=5, job_id=2,
+                                                               reason="user"),
+                          sj(5, 3, "z"), mjc(5, 3, a="z")]))
+    assert states(engine, 5) == {1: "Cancelled", 2: "Cancelled", 3: "Success"}
+    assert all(v == 0 for v in user_row(engine, "u5").values())
+    assert query(engine, "SELECT state FROM batches WHERE id = 5") == [("complete",)]
