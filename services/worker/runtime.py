@@ -1,0 +1,348 @@
+"""Running one container of a job attempt on this machine, independent of Kafka and HTTP.
+
+A :class:`ContainerRuntime` takes a :class:`RunRequest` (command, environment, working directory,
+timeout) and a :class:`LogSink`, and returns an :class:`Outcome`: it never raises for anything the
+job did (a non-zero exit, a missing executable, a timeout, a cancellation); only infrastructure
+faults of the worker itself escape.
+
+:class:`LocalProcessRuntime` runs the command as a local process in its own process group and
+ignores the image: it is the runtime of the local stack and of tests. On VMs a container runtime
+(the reference uses ``crun`` with an OCI bundle; docker would do) plugs in behind the same
+Protocol, so the worker's job logic does not change.
+
+The outcome follows the reference worker:
+
+* exit code 0 is ``Success``, any other exit code ``Failed``; death by signal N reports 128+N, as
+  crun and docker do.
+* a timeout kills the process group and is an ``Error`` with the reference's error text
+  ``ContainerTimeoutError: timed out after {timeout}s`` and short error ``timed out``.
+* a command that cannot be started (no such executable, not executable, no working directory)
+  is an ``Error``; the text follows crun's, e.g. ``executable file `foo` not found in $PATH``.
+* cancelling the task running :meth:`LocalProcessRuntime.run` kills the process group and the
+  run *returns* a ``Cancelled`` outcome (the cancellation is consumed: the caller that cancelled
+  awaits the task for the outcome).
+
+Like a container's pid namespace, the process group dies with its leader: when the command exits,
+whatever it left running in its group is killed. A process that leaves the group (``setsid``)
+escapes; only a real container runtime (or a cgroup) can catch that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from schemas.base import CompletedJobState
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def time_ms() -> int:
+    """Wall-clock milliseconds since the epoch (the default clock)."""
+    return time.time_ns() // 1_000_000
+
+
+class LogSink(Protocol):
+    """Where a container's stdout and stderr go, in the order the bytes were written."""
+
+    def write(self, data: bytes) -> None:
+        """Append ``data`` to the log."""
+        ...
+
+
+class MemoryLogSink:
+    """A log kept in memory (tests, small jobs)."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self._buf += data
+
+    def getvalue(self) -> bytes:
+        return bytes(self._buf)
+
+
+class FileLogSink:
+    """A log written, unbuffered, to ``{directory}/{name}.log`` (created or truncated).
+
+    Unbuffered so that a log endpoint reading the file while the job runs sees every byte the
+    job wrote. Close it (or use it as a context manager) when the container is done.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], name: str = "main") -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.path = Path(directory) / f"{name}.log"
+        self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> FileLogSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RunRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One command to run: ``env`` is added on top of the runtime's minimal environment."""
+
+    command: list[str]
+    env: dict[str, str] = {}
+    cwd: str
+    timeout_s: float | None = None
+    image: str | None = None  # for container runtimes; the local runtime ignores it
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How one container run ended.
+
+    ``exit_code`` is the process's exit code (128+N after signal N), None when it never started.
+    ``error`` is set exactly when ``state`` is ``Error``; ``short_error`` is the reference's short
+    form (``timed out``, ``executable not found``...).
+    """
+
+    state: CompletedJobState
+    exit_code: int | None = None
+    error: str | None = None
+    short_error: str | None = None
+    timed_out: bool = False
+    out_of_memory: bool = False
+    start_time_ms: int
+    end_time_ms: int
+
+
+class ContainerRuntime(Protocol):
+    """Runs one container to completion; see the module docstring for the outcome rules."""
+
+    async def run(self, request: RunRequest, log: LogSink) -> Outcome:
+        """Run ``request``, streaming its output to ``log``."""
+        ...
+
+
+class LocalRuntimeSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How the local runtime starts and stops processes."""
+
+    # SIGTERM first, SIGKILL after this grace (the reference waits 5 s between the two).
+    kill_grace_s: float = 5.0
+    # After the process is gone, how long to wait for its output pipe to close.
+    drain_timeout_s: float = 5.0
+    base_env: dict[str, str] = msgspec.field(
+        default_factory=lambda: {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+
+
+def timeout_error(timeout_s: float) -> str:
+    """The reference's error for a container killed at its timeout."""
+    return f"ContainerTimeoutError: timed out after {timeout_s}s"
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen return code as a container exit code: -N (killed by signal N) becomes 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def request_from_spec(
+    spec: Mapping[str, Any], *, cwd: str | os.PathLike[str],
+    extra_env: Mapping[str, str] | None = None,
+) -> RunRequest:
+    """The main container of a docker-type job spec (as submitted) as a :class:`RunRequest`.
+
+    The spec's ``env`` list overrides the runtime's base environment; ``extra_env`` (the
+    worker's ``HAIL_*`` variables) overrides both.
+    """
+    process = spec["process"]
+    if process.get("type") != "docker":
+        raise ValueError(f"not a docker job: process.type is {process.get('type')!r}")
+    env = {var["name"]: var["value"] for var in spec.get("env") or []}
+    env.update(extra_env or {})
+    timeout = spec.get("timeout")
+    return RunRequest(command=list(process["command"]), env=env, cwd=os.fspath(cwd),
+                      timeout_s=timeout, image=process.get("image"))
+
+
+class _SinkProtocol(asyncio.Protocol):
+    """Reads the job's output pipe straight into the sink, so the log keeps write order."""
+
+    def __init__(self, sink: LogSink, closed: asyncio.Future[None]) -> None:
+        self._sink = sink
+        self._closed = closed
+
+    def data_received(self, data: bytes) -> None:
+        self._sink.write(data)
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+
+class LocalProcessRuntime:
+    """Runs a container's command as a local process in a new session (its own process group)."""
+
+    def __init__(self, settings: LocalRuntimeSettings | None = None, *,
+                 clock: Callable[[], int] = time_ms) -> None:
+        self._settings = settings or LocalRuntimeSettings()
+        self._clock = clock
+
+    def _env(self, request: RunRequest) -> dict[str, str]:
+        return {**self._settings.base_env, **request.env}
+
+    def _start_error(self, start: int, message: str, short: str, log: LogSink) -> Outcome:
+        # Also into the log, as crun writes it to the container's output.
+        log.write(f"{message}\n".encode())
+        return Outcome(state="Error", error=message, short_error=short,
+                       start_time_ms=start, end_time_ms=self._clock())
+
+    async def run(self, request: RunRequest, log: LogSink) -> Outcome:
+        start = self._clock()
+        refused = _refusal(request)
+        if refused is not None:
+            return self._start_error(start, *refused, log)
+        loop = asyncio.get_running_loop()
+        pipe, write_fd = _pipe()
+        closed: asyncio.Future[None] = loop.create_future()
+        try:
+            transport, _ = await loop.connect_read_pipe(
+                lambda: _SinkProtocol(log, closed), pipe)
+        except BaseException:
+            pipe.close()
+            os.close(write_fd)
+            raise
+        try:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *request.command, stdin=asyncio.subprocess.DEVNULL, stdout=write_fd,
+                    stderr=write_fd, env=self._env(request), cwd=request.cwd,
+                    start_new_session=True)
+            except OSError as e:
+                message, short = _start_failure(request.command[0], e)
+                return self._start_error(start, message, short, log)
+            except asyncio.CancelledError:
+                # asyncio kills a process whose start was cancelled; it never ran.
+                _uncancel()
+                return Outcome(state="Cancelled", start_time_ms=start, end_time_ms=self._clock())
+            finally:
+                os.close(write_fd)
+            return await self._supervise(proc, request, start, closed)
+        finally:
+            transport.close()
+
+    async def _supervise(self, proc: asyncio.subprocess.Process, request: RunRequest,
+                         start: int, closed: asyncio.Future[None]) -> Outcome:
+        timed_out = cancelled = False
+        try:
+            try:
+                async with asyncio.timeout(request.timeout_s):
+                    await proc.wait()
+            except TimeoutError:
+                timed_out = True
+                await self._kill(proc)
+        except asyncio.CancelledError:
+            cancelled = True
+            _uncancel()
+            # A second cancel must not leave the process behind: finish the kill regardless.
+            await asyncio.shield(self._kill(proc))
+        finally:
+            _killpg(proc.pid, signal.SIGKILL)  # whatever the leader left in its group
+        try:
+            async with asyncio.timeout(self._settings.drain_timeout_s):
+                await asyncio.shield(closed)
+        except TimeoutError:
+            pass  # a process that left the group holds the pipe: its output is lost
+        except asyncio.CancelledError:
+            cancelled = True
+            _uncancel()
+        end = self._clock()
+        assert proc.returncode is not None
+        code = exit_code_of(proc.returncode)
+        if cancelled:
+            return Outcome(state="Cancelled", exit_code=code, start_time_ms=start,
+                           end_time_ms=end)
+        if timed_out:
+            assert request.timeout_s is not None
+            return Outcome(state="Error", exit_code=code, error=timeout_error(request.timeout_s),
+                           short_error="timed out", timed_out=True, start_time_ms=start,
+                           end_time_ms=end)
+        return Outcome(state="Success" if code == 0 else "Failed", exit_code=code,
+                       start_time_ms=start, end_time_ms=end)
+
+    async def _kill(self, proc: asyncio.subprocess.Process) -> None:
+        """SIGTERM the process group, then SIGKILL it if the leader outlives the grace period."""
+        if proc.returncode is None:
+            _killpg(proc.pid, signal.SIGTERM)
+            try:
+                async with asyncio.timeout(self._settings.kill_grace_s):
+                    await proc.wait()
+            except TimeoutError:
+                _killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+        _killpg(proc.pid, signal.SIGKILL)
+
+
+def _refusal(request: RunRequest) -> tuple[str, str] | None:
+    """Why ``request`` cannot even be tried (error, short error), or None."""
+    if not request.command:
+        return "empty command", "empty command"
+    if not os.path.isdir(request.cwd):
+        return f"working directory `{request.cwd}` does not exist", "no working directory"
+    return None
+
+
+def _pipe() -> tuple[io.FileIO, int]:
+    """The job's output pipe: the read end as a file (the transport owns it), the write end."""
+    read_fd, write_fd = os.pipe()
+    return open(read_fd, "rb", buffering=0), write_fd
+
+
+def _uncancel() -> None:
+    """We consume a cancellation (the outcome reports it): tell the task, as asyncio asks."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _start_failure(argv0: str, e: OSError) -> tuple[str, str]:
+    """crun's wording for a container process that cannot be executed."""
+    where = "" if "/" in argv0 else " in $PATH"
+    if isinstance(e, FileNotFoundError):
+        return f"executable file `{argv0}` not found{where}: No such file or directory", (
+            "executable not found")
+    if isinstance(e, PermissionError):
+        return f"executable file `{argv0}`: Permission denied", "permission denied"
+    return f"cannot execute `{argv0}`: {e.strerror or e}", "cannot execute"
+
+
+__all__: Sequence[str] = (
+    "ContainerRuntime",
+    "FileLogSink",
+    "LocalProcessRuntime",
+    "LocalRuntimeSettings",
+    "LogSink",
+    "MemoryLogSink",
+    "Outcome",
+    "RunRequest",
+    "exit_code_of",
+    "request_from_spec",
+    "time_ms",
+    "timeout_error",
+)

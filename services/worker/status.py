@@ -1,0 +1,223 @@
+"""The worker's status document of one attempt, and the MJC that carries it (pure).
+
+The document has the reference worker's shape (status format version 5), because clients read it
+as is under a job's ``status``::
+
+    {version, worker, batch_id, job_id, attempt_id, user, state, format_version, resources,
+     region, error?, start_time, end_time, timing,
+     container_statuses: {input?, main, output?}}
+
+``state`` is the worker's spelling (``succeeded``, ``failed``, ``error``, ``cancelled``); the API
+state (``Success``...) travels in the MJC. ``container_statuses`` holds one entry per container
+the spec implies: ``input`` only with ``input_files``, ``output`` only with ``output_files``;
+a container that never ran (its input failed, say) is ``pending`` with empty timing. Each entry::
+
+    {name, state, timing: {running: {start_time, finish_time, duration}}, error?, short_error?,
+     container_status?: {state, started_at, finished_at, exit_code, out_of_memory}}
+
+``container_status`` is present once a process ran to an exit (not for a cancelled one). The
+API's ``exit_code`` is derived from the document by the reference's rule (:func:`api_exit_code`),
+which clients also apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+import msgspec
+
+from schemas.base import AttemptResource, CompletedJobState
+from schemas.execution import JobCompleted
+from services.worker.runtime import Outcome
+
+STATUS_FORMAT_VERSION: Final = 5
+BATCH_FORMAT_VERSION: Final = 7
+TASKS: Final = ("input", "main", "output")
+
+WORKER_STATE: Final[Mapping[CompletedJobState, str]] = {
+    "Success": "succeeded",
+    "Failed": "failed",
+    "Error": "error",
+    "Cancelled": "cancelled",
+}
+API_STATE: Final[Mapping[str, CompletedJobState]] = {v: k for k, v in WORKER_STATE.items()}
+
+
+def container_name(batch_id: int, job_id: int, task: str) -> str:
+    """The reference's container name, e.g. ``batch-7-job-1-main``."""
+    return f"batch-{batch_id}-job-{job_id}-{task}"
+
+
+def spec_tasks(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """The containers a job spec implies, in the order they run."""
+    return tuple(t for t in TASKS
+                 if t == "main" or spec.get(f"{t}_files"))
+
+
+def runs_output(spec: Mapping[str, Any], main: Outcome) -> bool:
+    """Whether the output container runs after ``main`` (``always_copy_output`` defaults on)."""
+    return bool(spec.get("output_files")) and (
+        main.state == "Success" or spec.get("always_copy_output", True) is not False)
+
+
+def attempt_state(outcomes: Mapping[str, Outcome]) -> CompletedJobState:
+    """The attempt's state from its containers' outcomes, by the reference's rule.
+
+    A failed input decides; else a main that did not succeed decides; else the output, if it
+    ran, decides; else the attempt succeeded.
+    """
+    for task in TASKS:
+        outcome = outcomes.get(task)
+        if outcome is not None and outcome.state != "Success":
+            return outcome.state
+    return "Success"
+
+
+def container_status(name: str, outcome: Outcome | None) -> dict[str, Any]:
+    """One entry of ``container_statuses``; None means the container never ran (pending)."""
+    if outcome is None:
+        return {"name": name, "state": "pending", "timing": {}}
+    start, end = outcome.start_time_ms, outcome.end_time_ms
+    doc: dict[str, Any] = {
+        "name": name,
+        "state": WORKER_STATE[outcome.state],
+        "timing": {"running": {"start_time": start, "finish_time": end,
+                               "duration": end - start}},
+    }
+    if outcome.error is not None:
+        doc["error"] = outcome.error
+    if outcome.short_error is not None:
+        doc["short_error"] = outcome.short_error
+    # As in the reference, a cancelled container reports no container status (so no exit code).
+    if outcome.exit_code is not None and outcome.state != "Cancelled":
+        doc["container_status"] = {
+            "state": "finished",
+            "started_at": start,
+            "finished_at": end,
+            "exit_code": outcome.exit_code,
+            "out_of_memory": outcome.out_of_memory,
+        }
+    return doc
+
+
+def job_status(
+    *,
+    spec: Mapping[str, Any],
+    outcomes: Mapping[str, Outcome],
+    batch_id: int,
+    job_id: int,
+    attempt_id: str,
+    user: str,
+    worker: str,
+    region: str | None,
+    start_time_ms: int,
+    end_time_ms: int,
+    resources: Iterable[AttemptResource] = (),
+    error: str | None = None,
+    timing: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The status document of one finished attempt.
+
+    Args:
+        spec: The job spec as submitted (decides which containers exist).
+        outcomes: The outcome of each container that ran, by task name.
+        batch_id: The batch.
+        job_id: The job.
+        attempt_id: The attempt.
+        user: The batch's owner.
+        worker: The instance name.
+        region: The instance's region.
+        start_time_ms: When the worker started the attempt.
+        end_time_ms: When the attempt ended.
+        resources: What the attempt is billed for.
+        error: A worker-side failure outside any container (the attempt is then ``error``).
+        timing: The attempt's own steps, ``{step: {start_time, finish_time, duration}}``.
+
+    Returns:
+        The document, JSON-ready.
+
+    """
+    state = "error" if error is not None else WORKER_STATE[attempt_state(outcomes)]
+    doc: dict[str, Any] = {
+        "version": STATUS_FORMAT_VERSION,
+        "worker": worker,
+        "batch_id": batch_id,
+        "job_id": job_id,
+        "attempt_id": attempt_id,
+        "user": user,
+        "state": state,
+        "format_version": BATCH_FORMAT_VERSION,
+        "resources": [{"name": r.resource, "quantity": r.quantity} for r in resources],
+        "region": region,
+    }
+    if error is not None:
+        doc["error"] = error
+    doc["start_time"] = start_time_ms
+    doc["end_time"] = end_time_ms
+    doc["container_statuses"] = {
+        task: container_status(container_name(batch_id, job_id, task), outcomes.get(task))
+        for task in spec_tasks(spec)
+    }
+    doc["timing"] = dict(timing or {})
+    return doc
+
+
+def api_exit_code(status: Mapping[str, Any] | None) -> int | None:
+    """The job's exit code as the API and the client derive it from the status document.
+
+    None when the attempt has a worker error; otherwise, over input, main, output in order:
+    None at the first container without an exit code (an error, or it never ran), the first
+    non-zero exit code, else 0.
+    """
+    if not status or status.get("error") is not None:
+        return None
+    statuses = status.get("container_statuses")
+    if not statuses:
+        return None
+    for task in TASKS:
+        if task not in statuses:
+            continue
+        entry = statuses[task] or {}
+        if entry.get("error") is not None:
+            return None
+        code = (entry.get("container_status") or {}).get("exit_code")
+        if code is None:
+            return None
+        if code > 0:
+            return int(code)
+    return 0
+
+
+def status_error(status: Mapping[str, Any]) -> str | None:
+    """The attempt's error for the MJC: the worker's, else the first container's, in task order."""
+    if status.get("error") is not None:
+        return str(status["error"])
+    statuses = status.get("container_statuses") or {}
+    for task in TASKS:
+        entry = statuses.get(task) or {}
+        if entry.get("error") is not None:
+            return str(entry["error"])
+    return None
+
+
+def job_completed(
+    status: Mapping[str, Any],
+    *,
+    instance_name: str,
+    resources: Iterable[AttemptResource] = (),
+) -> JobCompleted:
+    """The MJC of an attempt, from its status document (which it carries as JSON text)."""
+    return JobCompleted(
+        batch_id=status["batch_id"],
+        job_id=status["job_id"],
+        attempt_id=status["attempt_id"],
+        instance_name=instance_name,
+        state=API_STATE[status["state"]],
+        exit_code=api_exit_code(status),
+        error=status_error(status),
+        start_time_ms=status.get("start_time"),
+        end_time_ms=status["end_time"],
+        resources=list(resources),
+        status=msgspec.json.encode(status).decode(),
+    )

@@ -1,0 +1,268 @@
+"""The local container runtime against real processes: exits, logs, env, timeouts, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from services.worker.runtime import (
+    FileLogSink,
+    LocalProcessRuntime,
+    LocalRuntimeSettings,
+    MemoryLogSink,
+    Outcome,
+    RunRequest,
+    request_from_spec,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _clock() -> itertools.count[int]:
+    return itertools.count(1_000, 10)
+
+
+def _runtime(kill_grace_s: float = 5.0) -> LocalProcessRuntime:
+    ticks = _clock()
+    return LocalProcessRuntime(LocalRuntimeSettings(kill_grace_s=kill_grace_s),
+                               clock=lambda: next(ticks))
+
+
+async def _run(command: list[str], tmp_path: Path, *, timeout_s: float | None = None,
+               env: dict[str, str] | None = None) -> tuple[Outcome, bytes]:
+    log = MemoryLogSink()
+    request = RunRequest(command=command, cwd=str(tmp_path), timeout_s=timeout_s, env=env or {})
+    outcome = await _runtime().run(request, log)
+    return outcome, log.getvalue()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def _gone(pid: int) -> bool:
+    """Whether ``pid`` dies within a second (a killed process closes its files before it exits)."""
+    for _ in range(50):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def _same_file(a: str, b: Path) -> bool:
+    return os.path.samefile(a, b)
+
+
+def _read_pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+async def _wait_for_pids(path: Path, n: int) -> list[int]:
+    for _ in range(200):
+        pids = _read_pids(path)
+        if len(pids) >= n:
+            return pids[:n]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{path} never listed {n} pids")
+
+
+@pytest.mark.parametrize(("command", "state", "exit_code"), [
+    (["true"], "Success", 0),
+    (["false"], "Failed", 1),
+    (["sh", "-c", "exit 3"], "Failed", 3),
+    (["sh", "-c", "kill -TERM $$"], "Failed", 143),
+    (["sh", "-c", "kill -KILL $$"], "Failed", 137),
+], ids=["true", "false", "exit-3", "sigterm", "sigkill"])
+async def test_exit_codes(tmp_path: Path, command: list[str], state: str,
+                          exit_code: int) -> None:
+    outcome, _ = await _run(command, tmp_path)
+    assert (outcome.state, outcome.exit_code) == (state, exit_code)
+    assert outcome.error is None and outcome.short_error is None and not outcome.timed_out
+    assert outcome.start_time_ms == 1_000 and outcome.end_time_ms > outcome.start_time_ms
+
+
+async def test_log_holds_stdout_and_stderr_in_order(tmp_path: Path) -> None:
+    outcome, log = await _run(
+        ["sh", "-c", "echo hello; echo oops >&2; echo bye"], tmp_path)
+    assert outcome.state == "Success"
+    assert log == b"hello\noops\nbye\n"
+
+
+async def test_env_on_top_of_a_minimal_environment(tmp_path: Path) -> None:
+    os.environ["HS_TEST_LEAK"] = "leaked"
+    try:
+        outcome, log = await _run(["sh", "-c", 'echo "$FOO|$HS_TEST_LEAK|$PATH"'], tmp_path,
+                                  env={"FOO": "bar baz"})
+    finally:
+        del os.environ["HS_TEST_LEAK"]
+    assert outcome.state == "Success"
+    foo, leak, path = log.decode().rstrip("\n").split("|")
+    assert (foo, leak) == ("bar baz", "")
+    assert "/usr/bin" in path
+
+
+async def test_working_directory(tmp_path: Path) -> None:
+    outcome, log = await _run(["pwd"], tmp_path)
+    assert outcome.state == "Success"
+    assert _same_file(log.decode().strip(), tmp_path)
+
+
+@pytest.mark.parametrize(("command", "error", "short"), [
+    (["no-such-executable-hs"],
+     "executable file `no-such-executable-hs` not found in $PATH: No such file or directory",
+     "executable not found"),
+    (["/nonexistent/bin/tool"],
+     "executable file `/nonexistent/bin/tool` not found: No such file or directory",
+     "executable not found"),
+    ([], "empty command", "empty command"),
+], ids=["in-path", "absolute", "empty"])
+async def test_cannot_start_is_an_error_outcome(tmp_path: Path, command: list[str], error: str,
+                                                short: str) -> None:
+    outcome, log = await _run(command, tmp_path)
+    assert outcome.state == "Error"
+    assert outcome.exit_code is None
+    assert (outcome.error, outcome.short_error) == (error, short)
+    assert log == f"{error}\n".encode()
+
+
+async def test_not_executable_is_an_error_outcome(tmp_path: Path) -> None:
+    script = tmp_path / "script.sh"
+    script.write_text("#!/bin/sh\necho hi\n")
+    outcome, _ = await _run([str(script)], tmp_path)
+    assert (outcome.state, outcome.short_error) == ("Error", "permission denied")
+
+
+async def test_missing_working_directory_is_an_error_outcome(tmp_path: Path) -> None:
+    outcome, _ = await _run(["true"], tmp_path / "missing")
+    assert outcome.state == "Error"
+    assert outcome.error is not None and "does not exist" in outcome.error
+
+
+async def test_timeout_kills_and_reports_the_reference_error(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    outcome, _ = await _run(["sleep", "30"], tmp_path, timeout_s=1)
+    assert time.monotonic() - t0 < 3
+    assert outcome.state == "Error" and outcome.timed_out
+    assert outcome.error == "ContainerTimeoutError: timed out after 1s"
+    assert outcome.short_error == "timed out"
+    assert outcome.exit_code == 143  # SIGTERM
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    t0 = time.monotonic()
+    outcome, _ = await _run(
+        ["sh", "-c", f"sleep 30 & echo $! > {pids}.tmp; echo $$ >> {pids}.tmp; "
+                     f"mv {pids}.tmp {pids}; sleep 30"], tmp_path, timeout_s=1)
+    assert time.monotonic() - t0 < 3
+    assert outcome.timed_out
+    child, shell = _read_pids(pids)
+    assert await _gone(shell) and await _gone(child)
+
+
+async def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
+    runtime = _runtime(kill_grace_s=0.5)
+    t0 = time.monotonic()
+    outcome = await runtime.run(
+        RunRequest(command=["sh", "-c", "trap '' TERM; sleep 30"], cwd=str(tmp_path),
+                   timeout_s=0.5), MemoryLogSink())
+    assert time.monotonic() - t0 < 3
+    assert outcome.timed_out and outcome.exit_code == 137
+    assert outcome.error == "ContainerTimeoutError: timed out after 0.5s"
+
+
+async def test_leftover_background_process_dies_with_the_leader(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    t0 = time.monotonic()
+    outcome, _ = await _run(["sh", "-c", f"sleep 30 & echo $! > {pids}; exit 0"], tmp_path)
+    assert time.monotonic() - t0 < 3  # the leftover held the log pipe open; it was killed
+    assert outcome.state == "Success"
+    assert await _gone(_read_pids(pids)[0])
+
+
+async def test_cancel_kills_the_group_and_returns_cancelled(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    log = MemoryLogSink()
+    request = RunRequest(
+        command=["sh", "-c", f"sleep 30 & echo $! > {pids}.tmp; echo $$ >> {pids}.tmp; "
+                             f"mv {pids}.tmp {pids}; echo started; sleep 30"],
+        cwd=str(tmp_path))
+    task = asyncio.create_task(_runtime().run(request, log))
+    child, shell = await _wait_for_pids(pids, 2)
+    t0 = time.monotonic()
+    task.cancel()
+    outcome = await task
+    assert time.monotonic() - t0 < 3
+    assert not task.cancelled() and task.cancelling() == 0
+    assert outcome.state == "Cancelled" and outcome.exit_code == 143
+    assert await _gone(shell) and await _gone(child)
+    assert log.getvalue() == b"started\n"
+
+
+async def test_cancel_inside_a_task_group_does_not_break_it(tmp_path: Path) -> None:
+    outcomes: list[Outcome] = []
+
+    async def run() -> None:
+        outcomes.append(await _runtime().run(
+            RunRequest(command=["sleep", "30"], cwd=str(tmp_path)), MemoryLogSink()))
+
+    async with asyncio.TaskGroup() as group:
+        task = group.create_task(run())
+        await asyncio.sleep(0.2)
+        task.cancel()
+    assert [o.state for o in outcomes] == ["Cancelled"]
+
+
+async def test_large_output_is_captured_whole(tmp_path: Path) -> None:
+    size = 5 * 1024 * 1024
+    outcome, log = await _run(
+        ["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' 'x'; echo; echo end >&2"], tmp_path)
+    assert outcome.state == "Success"
+    assert len(log) == size + len(b"\nend\n")
+    assert log.endswith(b"x\nend\n") and log.count(b"x") == size
+
+
+async def test_file_sink_writes_under_a_directory(tmp_path: Path) -> None:
+    with FileLogSink(tmp_path / "logs" / "job-1", "main") as sink:
+        outcome = await _runtime().run(
+            RunRequest(command=["sh", "-c", "echo hello; echo world >&2"], cwd=str(tmp_path)),
+            sink)
+    assert outcome.state == "Success"
+    assert (tmp_path / "logs" / "job-1" / "main.log").read_bytes() == b"hello\nworld\n"
+
+
+async def test_request_from_a_docker_job_spec(tmp_path: Path) -> None:
+    spec = {
+        "job_id": 1,
+        "process": {"type": "docker", "image": "ubuntu:24.04",
+                    "command": ["sh", "-c", 'echo "$FOO $HAIL_JOB_ID"']},
+        "env": [{"name": "FOO", "value": "from-spec"}, {"name": "HAIL_JOB_ID", "value": "x"}],
+        "timeout": 5,
+    }
+    request = request_from_spec(spec, cwd=tmp_path, extra_env={"HAIL_JOB_ID": "1"})
+    assert (request.timeout_s, request.image) == (5, "ubuntu:24.04")
+    log = MemoryLogSink()
+    outcome = await _runtime().run(request, log)
+    assert outcome.state == "Success"
+    assert log.getvalue() == b"from-spec 1\n"
+
+
+def test_request_from_a_jvm_spec_is_refused(tmp_path: Path) -> None:
+    spec = {"job_id": 1, "process": {"type": "jvm", "command": [],
+                                     "jar_spec": {"type": "jar_url", "value": "x"}}}
+    with pytest.raises(ValueError, match="not a docker job"):
+        request_from_spec(spec, cwd=tmp_path)
