@@ -97,11 +97,23 @@ class Commands:
             raise BadRequest(f"update {update_id} is already committed")
         return update
 
+    def _lookup(self, batch_id: int) -> Callable[[int], tuple[int, bool, bool] | None]:
+        """(depth, committed, cancelled) of a group, asked of the database once per group."""
+        cache: dict[int, tuple[int, bool, bool] | None] = {}
+
+        def lookup(group: int) -> tuple[int, bool, bool] | None:
+            if group not in cache:
+                cache[group] = self.store.groups(batch_id, [group]).get(group)
+            return cache[group]
+        return lookup
+
     def _depth_of(self, batch_id: int) -> Callable[[int], int | None]:
+        lookup = self._lookup(batch_id)
+
         def depth(group: int) -> int | None:
             if group == 0:  # the root exists from creation (even before create-fast projects)
                 return 0
-            found = self.store.groups(batch_id, [group]).get(group)
+            found = lookup(group)
             if found is not None and found[2]:
                 raise BadRequest(f"job group {group} is cancelled: it takes no new job groups")
             return None if found is None else found[0]
@@ -110,11 +122,12 @@ class Commands:
     def _known_group(self, batch_id: int, new_groups: Sequence[int] = ()
                      ) -> Callable[[int], bool]:
         fresh = set(new_groups)
+        lookup = self._lookup(batch_id)
 
         def known(group: int) -> bool:
             if group in fresh:
                 return True
-            found = self.store.groups(batch_id, [group]).get(group)
+            found = lookup(group)
             if found is not None and found[2]:
                 raise BadRequest(f"job group {group} is cancelled: it takes no new jobs")
             return found is not None or group == 0
