@@ -126,6 +126,13 @@ class Reads:
             out["last_batch_id"] = last
         return out
 
+    def _require_group(self, batch_id: int, group_id: int, user: str) -> None:
+        """404 unless the batch is visible and the group is committed (cheap: no counts)."""
+        self._batch_row(batch_id, user)
+        if self.store.one("SELECT 1 FROM job_groups WHERE batch_id = :b AND job_group_id = :g "
+                          "AND committed", b=batch_id, g=group_id) is None:
+            raise NotFound(f"job group {group_id} not found")
+
     def group(self, batch_id: int, group_id: int, user: str) -> dict[str, Any]:
         self._batch_row(batch_id, user)
         row = self.store.one(_GROUP + "AND g.job_group_id = :g", b=batch_id, g=group_id)
@@ -155,7 +162,7 @@ class Reads:
 
     def child_groups(self, batch_id: int, group_id: int, user: str,
                      last_group_id: int | None) -> dict[str, Any]:
-        self.group(batch_id, group_id, user)
+        self._require_group(batch_id, group_id, user)
         rows = self.store.rows(
             _GROUP + "AND g.parent_id = :g AND g.job_group_id > :after "
             "ORDER BY g.job_group_id LIMIT 51", b=batch_id, g=group_id,
@@ -168,7 +175,7 @@ class Reads:
 
     def jobs(self, batch_id: int, group_id: int, user: str, q: str | None, version: int,
              last_job_id: int | None, recursive: bool) -> dict[str, Any]:
-        self.group(batch_id, group_id, user)
+        self._require_group(batch_id, group_id, user)
         filters = parse_job_query(q or "", 2 if version == 2 else 1)
         stmt, params = query_sql.job_list_query(batch_id, group_id, recursive=recursive,
                                                 filters=filters, last_job_id=last_job_id)
