@@ -94,7 +94,7 @@ class Store:
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.05)
+            delay = min(delay * 1.5, 0.02)
         return True
 
     # --- operator switches ------------------------------------------------------------------

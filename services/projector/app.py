@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 PROJECTED_TOPICS = (logical_topics.CONTROL, logical_topics.BATCH)
 BATCH_SIZE = 2_000
-BATCH_WITHIN_S = 0.05
+BATCH_WITHIN_S = 0.01  # a batch waits at most this long to fill: latency on the serial path
 
 
 def _records(events: Iterable[Any], logical: dict[str, str]) -> list[Record]:
