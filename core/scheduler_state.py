@@ -1,0 +1,449 @@
+"""The scheduler's in-memory state, rebuilt by folding the log (pure: no I/O, no clock).
+
+:class:`SchedulerState` is *mutable*: :meth:`SchedulerState.apply` folds one event (or envelope)
+in place, and :func:`evolve` is the ``evolve(state, event) -> state`` spelling of the same thing.
+A frozen state would have to be copied (or made persistent) for every event, which a
+10,000,000-job batch cannot afford in Python; the fold stays deterministic because ``apply``
+reads nothing but the state and the event. The scheduler is the state's only owner.
+
+Job states follow the projector (:mod:`core.projection.execution`, ``services/projector``):
+
+- jobs of an update are held aside until ``UpdateCommitted``; then each gets its initial state
+  from its parents' current states (:func:`core.projection.commit.initial_states`, re-done here
+  in one streaming pass so a huge commit allocates no per-job temporaries);
+- the first SJ or MJS moves a Ready job to Running (a new attempt); the first MJC, a
+  ``job.cancelled`` or a lost last attempt ends a job, which then leaves memory (one byte per
+  job remembers whether it succeeded, for the parents of later updates);
+- ``attempt.lost`` of the current attempt returns a Running job to Ready, or ends it in Error
+  after ``n_max_attempts``;
+- a parent that ends in anything but Success marks its not-``always_run`` children cancelled;
+  cancelling a group cancels its descendants (the batch is group 0).
+
+A job is *effectively cancelled* (``Job.cancel`` is set) when it is not ``always_run`` and a
+parent failed or its group is cancelled. Ready jobs that are not cancelled sit in the ready queue
+of (user, inst_coll) in (batch id, job id) order; cancelled Ready and Running jobs sit in their
+user's cancel queue instead, and fair share never counts them. SJ events whose envelope carries a
+``producer_epoch`` older than the latest ``scheduler.elected`` are ignored (fencing); bare events
+are unfenced.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, TypeVar
+
+from core.job_queue import JobQueue
+from schemas.base import CancelReason, JobState
+from schemas.batch import (
+    BatchCancelled,
+    BatchCreated,
+    JobGroupCancelled,
+    JobGroupsSubmitted,
+    JobsSubmitted,
+    UpdateCommitted,
+)
+from schemas.envelope import Envelope
+from schemas.events import AnyEvent
+from schemas.execution import (
+    AttemptLost,
+    JobCancelled,
+    JobCompleted,
+    JobScheduled,
+    JobStarted,
+    JobUnschedulable,
+)
+from schemas.infra import (
+    InstanceActivated,
+    InstanceCreated,
+    InstanceDeactivated,
+    InstanceDeleted,
+    InstanceRequested,
+    SchedulerElected,
+)
+
+PENDING: Final = 0
+READY: Final = 1
+RUNNING: Final = 2
+STATE_NAMES: Final[tuple[JobState, ...]] = ("Pending", "Ready", "Running")
+"""The API name of each live state code."""
+
+_SUCCEEDED: Final = 1
+_UNSUCCESSFUL: Final = 2
+
+
+@dataclass(slots=True)
+class Job:
+    """A committed, unfinished job (or one held aside until its update commits)."""
+
+    group: int
+    cores_mcpu: int
+    inst_coll: str
+    regions: tuple[str, ...] | None
+    always_run: bool
+    n_max_attempts: int
+    state: int = PENDING
+    n_pending: int = 0
+    n_attempts: int = 0
+    attempt_id: str | None = None
+    instance: str | None = None
+    cancel: CancelReason | None = None
+    """Why the job is effectively cancelled, or None."""
+    parked: bool = False
+    """Permanently unschedulable: kept out of the ready queue and of fair share."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """What the scheduler keeps of a batch."""
+
+    user: str
+    cancelled: bool = False
+    cancelled_groups: dict[int, CancelReason] = field(default_factory=dict)
+    """Cancelled groups (descendants included) and why."""
+    group_parent: dict[int, int] = field(default_factory=dict)
+    committed_updates: set[int] = field(default_factory=set)
+    held: dict[int, dict[int, tuple[Job, tuple[int, ...]]]] = field(default_factory=dict)
+    """Jobs of uncommitted updates, with their parents: update -> job -> (job, parents)."""
+    jobs: dict[int, Job] = field(default_factory=dict)
+    children: dict[int, list[int]] = field(default_factory=dict)
+    """Committed children of live jobs (only the ones still waiting for them)."""
+    done: bytearray = field(default_factory=bytearray)
+    """Per job id: 0 not finished (or unknown), 1 succeeded, 2 ended otherwise."""
+
+    def outcome(self, job_id: int) -> int:
+        """0, ``_SUCCEEDED`` or ``_UNSUCCESSFUL`` for a job id."""
+        return self.done[job_id] if job_id < len(self.done) else 0
+
+    def group_cancel(self, group: int) -> CancelReason | None:
+        """Why ``group`` is cancelled, or None."""
+        return self.cancelled_groups.get(group)
+
+
+@dataclass(slots=True)
+class Instance:
+    """A worker instance as the scheduler sees it."""
+
+    inst_coll: str
+    region: str
+    total_mcpu: int
+    used_mcpu: int = 0
+    active: bool = False
+
+    @property
+    def free_mcpu(self) -> int:
+        """Cores not taken by attempts placed on the instance."""
+        return self.total_mcpu - self.used_mcpu
+
+
+UserColl = tuple[str, str]
+"""(user, inst_coll)."""
+
+K = TypeVar("K")
+
+
+class SchedulerState:
+    """The fold of the log the scheduler acts on. Compare states with ``==``."""
+
+    def __init__(self) -> None:
+        """An empty state (no events folded)."""
+        self.epoch = 0
+        self.batches: dict[int, Batch] = {}
+        self.instances: dict[str, Instance] = {}
+        self.ready: dict[UserColl, JobQueue] = {}
+        """Ready, not cancelled, not parked jobs per (user, inst_coll)."""
+        self.to_cancel: dict[str, JobQueue] = {}
+        """Effectively cancelled Ready and Running jobs per user (the canceller's queue)."""
+        self.ready_mcpu: dict[UserColl, int] = {}
+        self.running_mcpu: dict[UserColl, int] = {}
+        self._regions: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when every part of the fold is equal."""
+        return isinstance(other, SchedulerState) and self._parts() == other._parts()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _parts(self) -> tuple[object, ...]:
+        return (self.epoch, self.batches, self.instances, _nonempty(self.ready),
+                _nonempty(self.to_cancel), self.ready_mcpu, self.running_mcpu)
+
+    def job(self, batch_id: int, job_id: int) -> Job | None:
+        """A committed, unfinished job, or None."""
+        batch = self.batches.get(batch_id)
+        return None if batch is None else batch.jobs.get(job_id)
+
+    # --- folding -----------------------------------------------------------------------------
+    def apply(self, item: Envelope | AnyEvent) -> None:
+        """Fold one event, or one envelope (whose ``producer_epoch`` fences SJ), in place."""
+        event, epoch = (item.event, item.producer_epoch) if isinstance(item, Envelope) else (
+            item, None)
+        match event:
+            case SchedulerElected():
+                self.epoch = max(self.epoch, event.epoch)
+            case BatchCreated():
+                self.batches.setdefault(event.batch_id, Batch(sys.intern(event.user)))
+            case JobGroupsSubmitted():
+                self._groups(event)
+            case JobsSubmitted():
+                self._hold(event)
+            case UpdateCommitted():
+                self._commit(event.batch_id, event.update_id)
+            case BatchCancelled():
+                self._cancel_group(event.batch_id, 0, event.reason)
+            case JobGroupCancelled():
+                self._cancel_group(event.batch_id, event.job_group_id, event.reason)
+            case JobScheduled():
+                if epoch is None or epoch >= self.epoch:
+                    self._start(event.batch_id, event.job_id, event.attempt_id,
+                                event.instance_name)
+            case JobStarted():
+                self._start(event.batch_id, event.job_id, event.attempt_id, event.instance_name)
+            case JobCompleted():
+                self._end(event.batch_id, event.job_id, event.state == "Success")
+            case JobCancelled():
+                self._end(event.batch_id, event.job_id, False)
+            case AttemptLost():
+                self._lost(event)
+            case JobUnschedulable():
+                if event.permanent:
+                    self._park(event.batch_id, event.job_id)
+            case InstanceRequested():
+                self.instances.setdefault(event.instance_name, Instance(
+                    sys.intern(event.inst_coll), sys.intern(event.region), event.cores_mcpu))
+            case InstanceCreated():
+                self.instances.setdefault(event.instance_name,
+                                          Instance(sys.intern(event.inst_coll), "", 0))
+            case InstanceActivated():
+                inst = self.instances.get(event.instance_name)
+                if inst is not None:
+                    inst.total_mcpu, inst.active = event.cores_mcpu, True
+            case InstanceDeactivated():
+                inst = self.instances.get(event.instance_name)
+                if inst is not None:
+                    inst.active = False
+            case InstanceDeleted():
+                self.instances.pop(event.instance_name, None)
+            case _:
+                pass  # events that do not change what the scheduler acts on
+
+    def _groups(self, event: JobGroupsSubmitted) -> None:
+        batch = self.batches.get(event.batch_id)
+        if batch is None or event.update_id in batch.committed_updates:
+            return
+        for g in event.job_groups:
+            batch.group_parent[g.job_group_id] = g.parent_id
+            reason = batch.group_cancel(g.parent_id)
+            if reason is not None:  # ingest refuses this; a race must not revive the group
+                batch.cancelled_groups.setdefault(g.job_group_id, reason)
+
+    def _hold(self, event: JobsSubmitted) -> None:
+        batch = self.batches.get(event.batch_id)
+        if batch is None or event.update_id in batch.committed_updates:
+            return
+        held = batch.held.setdefault(event.update_id, {})
+        for j in event.jobs:
+            r = j.resources
+            regions = None if r.regions is None else self._intern_regions(r.regions)
+            job = Job(j.job_group_id, r.cores_mcpu, sys.intern(j.inst_coll), regions,
+                      j.always_run, j.n_max_attempts)
+            held[j.job_id] = (job, tuple(j.parent_ids))
+
+    def _intern_regions(self, regions: Iterable[str]) -> tuple[str, ...]:
+        key = tuple(sorted(regions))
+        return self._regions.setdefault(key, key)
+
+    def _commit(self, batch_id: int, update_id: int) -> None:
+        batch = self.batches.get(batch_id)
+        if batch is None or update_id in batch.committed_updates:
+            return
+        batch.committed_updates.add(update_id)
+        held = batch.held.pop(update_id, {})
+        for job_id in sorted(held):
+            job, parents = held[job_id]
+            failed = False
+            for p in parents:
+                if p in held or p in batch.jobs:
+                    job.n_pending += 1
+                    batch.children.setdefault(p, []).append(job_id)
+                    continue
+                outcome = batch.outcome(p)
+                if not outcome:
+                    raise ValueError(f"batch {batch_id}: job {job_id} has parent {p}, "
+                                     "which is not committed")
+                failed = failed or outcome == _UNSUCCESSFUL
+            if not job.always_run:
+                job.cancel = "parent_failed" if failed else batch.group_cancel(job.group)
+            job.state = READY if job.n_pending == 0 else PENDING
+            batch.jobs[job_id] = job
+            self._index(batch_id, batch, job_id, job)
+
+    def _cancel_group(self, batch_id: int, group: int, reason: CancelReason) -> None:
+        batch = self.batches.get(batch_id)
+        if batch is None:
+            return
+        if group == 0:
+            batch.cancelled = True
+        new: set[int] = set()
+        for g in (0, *batch.group_parent):
+            if g in batch.cancelled_groups:
+                continue
+            a = g
+            while a != group and a in batch.group_parent:
+                a = batch.group_parent[a]
+            if a == group:
+                new.add(g)
+        if not new:
+            return
+        for g in new:
+            batch.cancelled_groups[g] = reason
+        for job_id, job in batch.jobs.items():
+            if job.cancel is None and not job.always_run and job.group in new:
+                self._unindex(batch_id, batch, job_id, job)
+                job.cancel = reason
+                self._index(batch_id, batch, job_id, job)
+
+    def _start(self, batch_id: int, job_id: int, attempt_id: str, instance: str) -> None:
+        batch = self.batches.get(batch_id)
+        job = None if batch is None else batch.jobs.get(job_id)
+        if batch is None or job is None or job.state != READY:
+            return  # duplicates, MJS after SJ, and jobs not (yet) Ready change nothing
+        self._unindex(batch_id, batch, job_id, job)
+        job.state, job.attempt_id, job.instance = RUNNING, attempt_id, instance
+        job.n_attempts += 1
+        inst = self.instances.get(instance)
+        if inst is not None:
+            inst.used_mcpu += job.cores_mcpu
+        self._index(batch_id, batch, job_id, job)
+
+    def _release(self, job: Job) -> None:
+        """The current attempt stops holding its instance's cores."""
+        inst = None if job.instance is None else self.instances.get(job.instance)
+        if inst is not None:
+            inst.used_mcpu -= job.cores_mcpu
+        job.attempt_id = job.instance = None
+
+    def _lost(self, event: AttemptLost) -> None:
+        batch = self.batches.get(event.batch_id)
+        job = None if batch is None else batch.jobs.get(event.job_id)
+        if batch is None or job is None or job.state != RUNNING or (
+                job.attempt_id != event.attempt_id):
+            return
+        if job.n_attempts >= job.n_max_attempts:
+            self._end(event.batch_id, event.job_id, False)
+            return
+        self._unindex(event.batch_id, batch, event.job_id, job)
+        self._release(job)
+        job.state = READY
+        self._index(event.batch_id, batch, event.job_id, job)
+
+    def _end(self, batch_id: int, job_id: int, succeeded: bool) -> None:
+        """A live job ended: it leaves memory and releases its waiting children."""
+        batch = self.batches.get(batch_id)
+        job = None if batch is None else batch.jobs.pop(job_id, None)
+        if batch is None or job is None:
+            return  # unknown, uncommitted or already ended: later MJCs are no-ops
+        self._unindex(batch_id, batch, job_id, job)
+        if job.state == RUNNING:
+            self._release(job)
+        if job_id >= len(batch.done):
+            batch.done.extend(bytes(max(job_id + 1, 2 * len(batch.done)) - len(batch.done)))
+        batch.done[job_id] = _SUCCEEDED if succeeded else _UNSUCCESSFUL
+        for child_id in batch.children.pop(job_id, ()):
+            child = batch.jobs.get(child_id)
+            if child is None or child.state != PENDING:
+                continue
+            child.n_pending = max(0, child.n_pending - 1)
+            if not succeeded and not child.always_run and child.cancel is None:
+                child.cancel = "parent_failed"
+            if child.n_pending == 0:
+                child.state = READY
+                self._index(batch_id, batch, child_id, child)
+
+    def _park(self, batch_id: int, job_id: int) -> None:
+        batch = self.batches.get(batch_id)
+        job = None if batch is None else batch.jobs.get(job_id)
+        if batch is None or job is None or job.parked:
+            return
+        self._unindex(batch_id, batch, job_id, job)
+        job.parked = True
+        self._index(batch_id, batch, job_id, job)
+
+    # --- queues and fair-share counters: every change is unindex(old) + index(new) -----------
+    def _index(self, batch_id: int, batch: Batch, job_id: int, job: Job) -> None:
+        self._enter(batch_id, batch, job_id, job, +1)
+
+    def _unindex(self, batch_id: int, batch: Batch, job_id: int, job: Job) -> None:
+        self._enter(batch_id, batch, job_id, job, -1)
+
+    def _enter(self, batch_id: int, batch: Batch, job_id: int, job: Job, sign: int) -> None:
+        if job.state == PENDING:
+            return
+        user = batch.user
+        if job.cancel is not None:
+            _toggle(_queue(self.to_cancel, user), batch_id, job_id, sign)
+            return
+        key = (user, job.inst_coll)
+        if job.state == RUNNING:
+            _bump(self.running_mcpu, key, sign * job.cores_mcpu)
+        elif not job.parked:
+            _toggle(_queue(self.ready, key), batch_id, job_id, sign)
+            _bump(self.ready_mcpu, key, sign * job.cores_mcpu)
+
+
+def _bump(counter: dict[UserColl, int], key: UserColl, delta: int) -> None:
+    value = counter.get(key, 0) + delta
+    if value:
+        counter[key] = value
+    else:
+        counter.pop(key, None)
+
+
+def _queue(queues: dict[K, JobQueue], key: K) -> JobQueue:
+    queue = queues.get(key)
+    if queue is None:
+        queue = queues[key] = JobQueue()
+    return queue
+
+
+def _toggle(queue: JobQueue, batch_id: int, job_id: int, sign: int) -> None:
+    if sign > 0:
+        queue.add(batch_id, job_id)
+    else:
+        queue.discard(batch_id, job_id)
+
+
+def _nonempty(queues: Mapping[K, JobQueue]) -> dict[K, JobQueue]:
+    return {k: q for k, q in queues.items() if len(q)}
+
+
+def evolve(state: SchedulerState, item: Envelope | AnyEvent) -> SchedulerState:
+    """Fold one event or envelope into ``state`` (in place) and return it.
+
+    Args:
+        state: The state so far; it is mutated.
+        item: An event, or an envelope whose ``producer_epoch`` fences SJ.
+
+    Returns:
+        ``state`` itself.
+
+    """
+    state.apply(item)
+    return state
+
+
+def fold(items: Iterable[Envelope | AnyEvent]) -> SchedulerState:
+    """A fresh state with ``items`` folded in order.
+
+    Args:
+        items: Events or envelopes in log order.
+
+    Returns:
+        The new state.
+
+    """
+    state = SchedulerState()
+    for item in items:
+        state.apply(item)
+    return state

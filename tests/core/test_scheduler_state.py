@@ -1,0 +1,445 @@
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.projection.commit import CommitJob, initial_states
+from core.scheduler_state import (
+    PENDING,
+    READY,
+    RUNNING,
+    JobQueue,
+    SchedulerState,
+    evolve,
+    fold,
+)
+from schemas.base import CompletedJobState, JobResources, JobState
+from schemas.batch import (
+    BatchCancelled,
+    BatchCreated,
+    JobGroupCancelled,
+    JobGroupRecord,
+    JobGroupsSubmitted,
+    JobRecord,
+    JobsSubmitted,
+    UpdateCommitted,
+)
+from schemas.envelope import Envelope, wrap
+from schemas.events import AnyEvent
+from schemas.execution import (
+    AttemptLost,
+    JobCancelled,
+    JobCompleted,
+    JobScheduled,
+    JobStarted,
+    JobUnschedulable,
+)
+from schemas.infra import (
+    InstanceActivated,
+    InstanceDeactivated,
+    InstanceDeleted,
+    InstanceRequested,
+    SchedulerElected,
+)
+
+# --- event builders (shared with test_scheduling) ---------------------------------------------
+
+
+def created(b: int, user: str = "alice") -> BatchCreated:
+    return BatchCreated(batch_id=b, user=user, billing_project="p", token=f"t{b}")
+
+
+def groups(b: int, u: int, *pairs: tuple[int, int]) -> JobGroupsSubmitted:
+    return JobGroupsSubmitted(batch_id=b, update_id=u, job_groups=[
+        JobGroupRecord(job_group_id=g, parent_id=p) for g, p in pairs])
+
+
+def jr(job_id: int, parents: Sequence[int] = (), *, cores: int = 1000, ic: str = "standard",
+       regions: list[str] | None = None, always_run: bool = False, n_max: int = 20,
+       group: int = 0) -> JobRecord:
+    return JobRecord(job_id=job_id, job_group_id=group, parent_ids=list(parents),
+                     always_run=always_run, n_max_attempts=n_max, inst_coll=ic, spec="{}",
+                     resources=JobResources(cores_mcpu=cores, memory_bytes=1 << 30,
+                                            regions=regions))
+
+
+def submitted(b: int, u: int, *records: JobRecord) -> JobsSubmitted:
+    return JobsSubmitted(batch_id=b, update_id=u, jobs=list(records))
+
+
+def committed(b: int, u: int) -> UpdateCommitted:
+    return UpdateCommitted(batch_id=b, update_id=u, n_jobs=0, n_job_groups=0)
+
+
+def sj(b: int, j: int, attempt: str = "a1", inst: str = "i1", cores: int = 1000) -> JobScheduled:
+    return JobScheduled(batch_id=b, job_id=j, attempt_id=attempt, instance_name=inst,
+                        inst_coll="standard", cores_mcpu=cores)
+
+
+def mjs(b: int, j: int, attempt: str = "a1", inst: str = "i1") -> JobStarted:
+    return JobStarted(batch_id=b, job_id=j, attempt_id=attempt, instance_name=inst,
+                      start_time_ms=1)
+
+
+def mjc(b: int, j: int, state: CompletedJobState = "Success", attempt: str = "a1",
+        inst: str = "i1") -> JobCompleted:
+    return JobCompleted(batch_id=b, job_id=j, attempt_id=attempt, instance_name=inst,
+                        state=state, end_time_ms=2)
+
+
+def lost(b: int, j: int, attempt: str = "a1", inst: str = "i1") -> AttemptLost:
+    return AttemptLost(batch_id=b, job_id=j, attempt_id=attempt, instance_name=inst,
+                       reason="preempted", end_time_ms=2)
+
+
+def instance(name: str, *, ic: str = "standard", region: str = "us-central1",
+             cores: int = 4000) -> list[AnyEvent]:
+    return [InstanceRequested(instance_name=name, inst_coll=ic, machine_type="n1", region=region,
+                              cores_mcpu=cores, preemptible=True),
+            InstanceActivated(instance_name=name, address="x", cores_mcpu=cores)]
+
+
+def at_epoch(event: AnyEvent, epoch: int, n: int = 0) -> Envelope:
+    return wrap(event, event_id=f"e{n}", time_ms=n, producer_epoch=epoch)
+
+
+def where(state: SchedulerState) -> dict[tuple[int, int], str]:
+    """Every live job's state, with ``+cancel`` / ``+parked`` marks."""
+    names = {PENDING: "Pending", READY: "Ready", RUNNING: "Running"}
+    out = {}
+    for b, batch in state.batches.items():
+        for j, job in batch.jobs.items():
+            out[(b, j)] = names[job.state] + ("+cancel" if job.cancel else "") + (
+                "+parked" if job.parked else "")
+    return out
+
+
+def check_invariants(state: SchedulerState) -> None:
+    """Queues and counters hold exactly what the live jobs say."""
+    ready: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
+    to_cancel: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    ready_mcpu: dict[tuple[str, str], int] = defaultdict(int)
+    running_mcpu: dict[tuple[str, str], int] = defaultdict(int)
+    used: dict[str, int] = defaultdict(int)
+    for b, batch in sorted(state.batches.items()):
+        for j, job in sorted(batch.jobs.items()):
+            key = (batch.user, job.inst_coll)
+            assert (job.state == PENDING) == (job.n_pending > 0)
+            if job.state == RUNNING and job.instance in state.instances:
+                used[job.instance] += job.cores_mcpu
+            if job.state == PENDING:
+                continue
+            if job.cancel is not None:
+                to_cancel[batch.user].append((b, j))
+            elif job.state == RUNNING:
+                running_mcpu[key] += job.cores_mcpu
+            elif not job.parked:
+                ready[key].append((b, j))
+                ready_mcpu[key] += job.cores_mcpu
+    assert {k: list(q) for k, q in state.ready.items() if len(q)} == dict(ready)
+    assert {k: list(q) for k, q in state.to_cancel.items() if len(q)} == dict(to_cancel)
+    assert state.ready_mcpu == {k: v for k, v in ready_mcpu.items() if v}
+    assert state.running_mcpu == {k: v for k, v in running_mcpu.items() if v}
+    for name, inst in state.instances.items():
+        assert inst.used_mcpu == used[name], name
+
+
+# --- table-driven cases -----------------------------------------------------------------------
+
+BASE: list[AnyEvent] = [created(1), *instance("i1")]
+
+CASES: list[tuple[str, list[AnyEvent], dict[tuple[int, int], str]]] = [
+    ("uncommitted jobs are held aside",
+     [*BASE, submitted(1, 1, jr(1), jr(2, [1]))], {}),
+    ("commit: no parents Ready, children Pending",
+     [*BASE, submitted(1, 1, jr(1), jr(2, [1])), committed(1, 1)],
+     {(1, 1): "Ready", (1, 2): "Pending"}),
+    ("a duplicate commit and a late resubmission change nothing",
+     [*BASE, submitted(1, 1, jr(1)), committed(1, 1), submitted(1, 1, jr(1)), committed(1, 1),
+      sj(1, 1)],
+     {(1, 1): "Running"}),
+    ("SJ starts, MJS after it is a no-op, MJC ends and releases the child",
+     [*BASE, submitted(1, 1, jr(1), jr(2, [1])), committed(1, 1), sj(1, 1), mjs(1, 1),
+      mjc(1, 1)],
+     {(1, 2): "Ready"}),
+    ("MJS may overtake SJ",
+     [*BASE, submitted(1, 1, jr(1)), committed(1, 1), mjs(1, 1), sj(1, 1)],
+     {(1, 1): "Running"}),
+    ("a failed parent cancels children that are not always_run",
+     [*BASE, submitted(1, 1, jr(1), jr(2, [1]), jr(3, [1], always_run=True)), committed(1, 1),
+      sj(1, 1), mjc(1, 1, "Failed")],
+     {(1, 2): "Ready+cancel", (1, 3): "Ready"}),
+    ("a later update sees its parents' outcomes",
+     [*BASE, submitted(1, 1, jr(1), jr(2)), committed(1, 1), sj(1, 1), mjc(1, 1, "Error"),
+      sj(1, 2, "a2"), mjc(1, 2, attempt="a2"),
+      submitted(1, 2, jr(3, [1]), jr(4, [2]), jr(5, [2, 3])), committed(1, 2)],
+     {(1, 3): "Ready+cancel", (1, 4): "Ready", (1, 5): "Pending"}),
+    ("a lost attempt makes the job Ready again",
+     [*BASE, submitted(1, 1, jr(1)), committed(1, 1), sj(1, 1), lost(1, 1)],
+     {(1, 1): "Ready"}),
+    ("a lost last attempt ends the job in Error",
+     [*BASE, submitted(1, 1, jr(1, n_max=2), jr(2, [1])), committed(1, 1), sj(1, 1), lost(1, 1),
+      sj(1, 1, "a2"), lost(1, 1, "a2")],
+     {(1, 2): "Ready+cancel"}),
+    ("a loss of another attempt changes nothing",
+     [*BASE, submitted(1, 1, jr(1)), committed(1, 1), sj(1, 1, "a2"), lost(1, 1, "a1")],
+     {(1, 1): "Running"}),
+    ("cancelling a group cancels its descendants, not always_run jobs",
+     [*BASE, groups(1, 1, (1, 0), (2, 1), (3, 0)),
+      submitted(1, 1, jr(1, group=1), jr(2, group=2), jr(3, group=3),
+                jr(4, group=2, always_run=True)),
+      committed(1, 1), sj(1, 2), JobGroupCancelled(batch_id=1, job_group_id=1)],
+     {(1, 1): "Ready+cancel", (1, 2): "Running+cancel", (1, 3): "Ready", (1, 4): "Ready"}),
+    ("a cancelled batch cancels jobs committed later",
+     [*BASE, submitted(1, 1, jr(1)), BatchCancelled(batch_id=1), committed(1, 1)],
+     {(1, 1): "Ready+cancel"}),
+    ("job.cancelled ends a job; its children see a failed parent",
+     [*BASE, submitted(1, 1, jr(1), jr(2, [1])), committed(1, 1),
+      JobCancelled(batch_id=1, job_id=1, reason="user")],
+     {(1, 2): "Ready+cancel"}),
+    ("a permanently unschedulable job is parked",
+     [*BASE, submitted(1, 1, jr(1), jr(2)), committed(1, 1),
+      JobUnschedulable(batch_id=1, job_id=1, reason="too big", permanent=True),
+      JobUnschedulable(batch_id=1, job_id=2, reason="not now")],
+     {(1, 1): "Ready+parked", (1, 2): "Ready"}),
+    ("events of unknown batches are ignored",
+     [sj(9, 1), mjc(9, 1), committed(9, 1), BatchCancelled(batch_id=9)], {}),
+]
+
+
+@pytest.mark.parametrize(("events", "expected"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_cases(events: list[AnyEvent], expected: dict[tuple[int, int], str]) -> None:
+    state = fold(events)
+    assert where(state) == expected
+    check_invariants(state)
+
+
+def test_instance_cores_follow_attempts() -> None:
+    state = fold([*BASE, submitted(1, 1, jr(1, cores=1500), jr(2, cores=500)), committed(1, 1),
+                  sj(1, 1), sj(1, 2, "b1")])
+    assert state.instances["i1"].free_mcpu == 2000
+    for event in [mjc(1, 1), lost(1, 2, "b1")]:
+        state.apply(event)
+    assert state.instances["i1"].free_mcpu == 4000
+    state.apply(InstanceDeactivated(instance_name="i1", reason="idle"))
+    assert not state.instances["i1"].active
+    state.apply(InstanceDeleted(instance_name="i1", reason="idle"))
+    assert "i1" not in state.instances
+
+
+def test_a_stale_epoch_sj_is_ignored() -> None:
+    state = fold([*BASE, submitted(1, 1, jr(1), jr(2), jr(3)), committed(1, 1),
+                  at_epoch(SchedulerElected(epoch=2, scheduler_id="s2"), 0)])
+    state.apply(at_epoch(sj(1, 1), 1))
+    state.apply(at_epoch(sj(1, 2), 2))
+    state.apply(at_epoch(sj(1, 3), 3))
+    assert where(state) == {(1, 1): "Ready", (1, 2): "Running", (1, 3): "Running"}
+    state.apply(SchedulerElected(epoch=1, scheduler_id="old"))  # epochs never go back
+    assert state.epoch == 2
+    check_invariants(state)
+
+
+def test_commit_of_a_missing_parent_is_refused() -> None:
+    with pytest.raises(ValueError, match="not committed"):
+        fold([*BASE, submitted(1, 1, jr(1, [7])), committed(1, 1)])
+
+
+def test_job_queue_orders_by_batch_then_job() -> None:
+    q = JobQueue()
+    for b, j in [(2, 5), (1, 900), (2, 1), (1, 3), (1, 3)]:
+        q.add(b, j)
+    assert list(q) == [(1, 3), (1, 900), (2, 1), (2, 5)] and len(q) == 4
+    q.discard(1, 900)
+    q.discard(1, 3)
+    q.discard(7, 1)
+    assert list(q) == [(2, 1), (2, 5)] and (2, 5) in q and (1, 3) not in q
+
+
+def test_evolve_returns_the_state() -> None:
+    state = SchedulerState()
+    assert evolve(state, created(1)) is state and state.batches[1].user == "alice"
+
+
+# --- the commit rule equals core.projection.commit ----------------------------------------------
+
+@given(st.data())
+def test_commit_matches_initial_states(data: st.DataObject) -> None:
+    n_old = data.draw(st.integers(0, 6))
+    outcomes: list[JobState] = data.draw(st.lists(
+        st.sampled_from(["Pending", "Ready", "Running", "Success", "Failed", "Cancelled"]),
+        min_size=n_old, max_size=n_old))
+    n_new = data.draw(st.integers(1, 6))
+    ids = list(range(1, n_old + n_new + 1))
+    new = [jr(j, data.draw(st.lists(st.sampled_from(ids[: j - 1]), unique=True)) if j > 1
+              else [], always_run=data.draw(st.booleans()), group=data.draw(st.sampled_from(
+                  [0, 1])))
+           for j in ids[n_old:]]
+    cancelled = data.draw(st.booleans())
+    # The old jobs reach their outcomes one by one; the new update then commits.
+    events: list[AnyEvent] = [created(1), groups(1, 1, (1, 0)),
+                              submitted(1, 1, *(jr(j) for j in ids[:n_old])), committed(1, 1)]
+    for j, outcome in zip(ids, outcomes, strict=False):
+        if outcome == "Running":
+            events.append(sj(1, j))
+        elif outcome in ("Success", "Failed"):
+            events.append(mjc(1, j, outcome))
+        elif outcome == "Cancelled":
+            events.append(JobCancelled(batch_id=1, job_id=j, reason="user"))
+    if cancelled:
+        events.append(JobGroupCancelled(batch_id=1, job_group_id=1))
+    events += [submitted(1, 2, *new), committed(1, 2)]
+    state = fold(events)
+    expected = initial_states(
+        [CommitJob(r.job_id, r.job_group_id, r.inst_coll, 1000, r.always_run) for r in new],
+        [(r.job_id, p) for r in new for p in r.parent_ids],
+        {j: ("Ready" if o == "Pending" else o) for j, o in zip(ids, outcomes, strict=False)},
+        frozenset({1}) if cancelled else frozenset())
+    for start in expected:
+        job = state.job(1, start.job_id)
+        assert job is not None
+        assert ("Pending" if job.state == PENDING else "Ready") == start.state
+        assert job.n_pending == start.n_pending_parents
+        assert (job.cancel is not None) == start.cancelled
+    check_invariants(state)
+
+
+# --- random legal event sequences ---------------------------------------------------------------
+
+class Sim:
+    """Drives a state with random legal events and keeps a simple model to check it against."""
+
+    def __init__(self, data: st.DataObject, n_batches: int = 2) -> None:
+        self.data = data
+        self.log: list[Envelope | AnyEvent] = []
+        self.state = SchedulerState()
+        self.n = itertools.count()
+        self.ended: dict[tuple[int, int], str] = {}
+        self.parents: dict[tuple[int, int], list[int]] = {}
+        self.always_run: dict[tuple[int, int], bool] = {}
+        self.group_of: dict[tuple[int, int], int] = {}
+        self.group_parent: dict[tuple[int, int], int] = {}
+        self.cancelled_groups: set[tuple[int, int]] = set()
+        self.updates: list[tuple[int, int]] = []
+        for name, region in [("i1", "us"), ("i2", "eu"), ("i3", "us")]:
+            for e in instance(name, region=region, cores=data.draw(st.sampled_from(
+                    [1000, 2000, 4000]))):
+                self.emit(e)
+        for b in range(1, n_batches + 1):
+            self.emit(created(b, data.draw(st.sampled_from(["alice", "bob"]))))
+            self.emit(groups(b, 1, (1, 0), (2, 1)))
+            self.group_parent |= {(b, 1): 0, (b, 2): 1}
+            next_id = 1
+            for u in (1, 2):
+                records = []
+                for j in range(next_id, next_id + data.draw(st.integers(1, 5))):
+                    parents = data.draw(st.lists(st.integers(1, j - 1), unique=True, max_size=2)
+                                        ) if j > 1 else []
+                    r = jr(j, parents, cores=data.draw(st.sampled_from([500, 1000, 3000])),
+                           always_run=data.draw(st.booleans()),
+                           regions=data.draw(st.sampled_from([None, ["us"], ["eu"]])),
+                           n_max=data.draw(st.integers(1, 3)), group=data.draw(st.integers(0, 2)))
+                    records.append(r)
+                    self.parents[(b, j)] = parents
+                    self.always_run[(b, j)] = r.always_run
+                    self.group_of[(b, j)] = r.job_group_id
+                next_id += len(records)
+                self.emit(submitted(b, u, *records))
+                self.updates.append((b, u))
+
+    def emit(self, event: AnyEvent | Envelope) -> None:
+        self.log.append(event)
+        self.state.apply(event)
+        inner = event.event if isinstance(event, Envelope) else event
+        if isinstance(inner, JobCompleted | JobCancelled | AttemptLost):
+            key = (inner.batch_id, inner.job_id)
+            if key not in self.ended and self.state.job(*key) is None and key in self.parents:
+                state = inner.state if isinstance(inner, JobCompleted) else "Cancelled"
+                self.ended[key] = state if not isinstance(inner, AttemptLost) else "Error"
+
+    def live(self, code: int) -> list[tuple[int, int]]:
+        return sorted(k for k in where_codes(self.state) if where_codes(self.state)[k] == code)
+
+    def step(self) -> None:
+        kinds = ["sj", "mjs", "mjc", "lost", "cancel_group", "cancel_job", "elect", "dup"]
+        if self.updates:
+            kinds.append("commit")
+        kind = self.data.draw(st.sampled_from(kinds))
+        ready, running = self.live(READY), self.live(RUNNING)
+        n = next(self.n)
+        if kind == "commit":
+            b, u = self.updates.pop(0)
+            self.emit(committed(b, u))
+        elif kind in ("sj", "mjs") and ready:
+            b, j = self.data.draw(st.sampled_from(ready))
+            job = self.state.job(b, j)
+            assert job is not None
+            fits = [name for name, i in sorted(self.state.instances.items())
+                    if i.free_mcpu >= job.cores_mcpu]
+            if not fits:  # a legal history never over-allocates an instance
+                return
+            inst = self.data.draw(st.sampled_from(fits))
+            event = (sj if kind == "sj" else mjs)(b, j, f"a{n}", inst)
+            self.emit(at_epoch(event, self.state.epoch, n) if kind == "sj" else event)
+        elif kind in ("mjc", "lost") and running:
+            b, j = self.data.draw(st.sampled_from(running))
+            job = self.state.job(b, j)
+            assert job is not None and job.attempt_id and job.instance
+            if kind == "lost":
+                self.emit(lost(b, j, job.attempt_id, job.instance))
+            else:
+                self.emit(mjc(b, j, self.data.draw(st.sampled_from(["Success", "Failed"])),
+                              job.attempt_id, job.instance))
+        elif kind == "cancel_group":
+            b, g = self.data.draw(st.sampled_from([(1, 0), (1, 1), (1, 2), (2, 1)]))
+            self.emit(JobGroupCancelled(batch_id=b, job_group_id=g) if g else
+                      BatchCancelled(batch_id=b))
+            self.cancelled_groups.add((b, g))
+        elif kind == "cancel_job" and ready:
+            b, j = self.data.draw(st.sampled_from(ready))
+            self.emit(JobCancelled(batch_id=b, job_id=j, reason="user"))
+        elif kind == "elect":
+            self.emit(SchedulerElected(epoch=self.state.epoch + 1, scheduler_id=f"s{n}"))
+        elif kind == "dup" and self.log:
+            self.emit(self.data.draw(st.sampled_from(self.log)))  # redelivery is harmless
+
+    def check(self) -> None:
+        check_invariants(self.state)
+        for (b, j), job in ((k, self.state.job(*k)) for k in self.parents):
+            if job is None:
+                continue
+            parents = self.parents[(b, j)]
+            assert job.n_pending == sum((b, p) not in self.ended for p in parents)
+            failed = any(self.ended.get((b, p), "Success") != "Success" for p in parents)
+            g: int | None = self.group_of[(b, j)]
+            under_cancel = False
+            while g is not None:
+                under_cancel = under_cancel or (b, g) in self.cancelled_groups
+                g = self.group_parent.get((b, g))
+            expected = not self.always_run[(b, j)] and (failed or under_cancel)
+            assert (job.cancel is not None) == expected, (b, j)
+
+
+def where_codes(state: SchedulerState) -> dict[tuple[int, int], int]:
+    return {(b, j): job.state for b, batch in state.batches.items()
+            for j, job in batch.jobs.items()}
+
+
+def replay(log: Iterable[Envelope | AnyEvent]) -> SchedulerState:
+    return fold(log)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_random_legal_sequences_keep_queues_exact(data: st.DataObject) -> None:
+    sim = Sim(data)
+    for _ in range(data.draw(st.integers(0, 40))):
+        sim.step()
+        sim.check()
+    assert replay(sim.log) == sim.state
+    assert replay(sim.log) == replay(sim.log)

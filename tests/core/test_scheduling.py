@@ -1,0 +1,200 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.policy import (
+    REASON_FAIR_SHARE,
+    REASON_NO_FIT,
+    REASON_NO_INSTANCES,
+    REASON_REGION,
+    PriorityPlugin,
+    Tiers,
+)
+from core.priority import REASON_ACTIVE_CORES, UserPriority
+from core.scheduler_state import READY, SchedulerState, fold
+from core.scheduling import Kill, cancel_shares, cancellations, schedule
+from schemas.batch import BatchCancelled
+from schemas.events import AnyEvent
+from schemas.execution import JobScheduled
+from schemas.infra import InstanceDeactivated
+from tests.core.test_scheduler_state import (
+    Sim,
+    at_epoch,
+    check_invariants,
+    committed,
+    created,
+    instance,
+    jr,
+    sj,
+    submitted,
+)
+
+NO_TIERS = Tiers([])
+
+
+def ids() -> itertools.count[int]:
+    return itertools.count()
+
+
+def step(state: SchedulerState, tiers: Tiers = NO_TIERS, max_jobs: int = 100,
+         max_worker: dict[str, int] | None = None) -> tuple[list[tuple[int, int, str]], dict[
+             tuple[int, int], tuple[str, ...]]]:
+    counter = ids()
+    d = schedule(state, tiers, max_jobs=max_jobs, new_attempt_id=lambda: f"a{next(counter)}",
+                 max_worker_mcpu=max_worker)
+    placed = [(e.batch_id, e.job_id, e.instance_name) for e in d.scheduled]
+    reasons = {(u.batch_id, u.job_id): u.reasons for u in d.unplaced}
+    reasons |= {(e.batch_id, e.job_id): ("permanent: " + e.reason,) for e in d.unschedulable}
+    return placed, reasons
+
+
+def two_users(n: int = 4, cores: int = 1000) -> list[AnyEvent]:
+    return [created(1, "alice"), created(2, "bob"),
+            submitted(1, 1, *(jr(j, cores=cores) for j in range(1, n + 1))), committed(1, 1),
+            submitted(2, 1, *(jr(j, cores=cores) for j in range(1, n + 1))), committed(2, 1)]
+
+
+def test_fair_share_splits_an_instance_between_users() -> None:
+    placed, reasons = step(fold([*two_users(), *instance("i1", cores=4000)]))
+    assert placed == [(1, 1, "i1"), (1, 2, "i1"), (2, 1, "i1"), (2, 2, "i1")]
+    # alice's turn ends at her share; bob's ends when the instance is full (nothing left to try)
+    assert reasons == {(1, 3): (REASON_FAIR_SHARE,)}
+
+
+def test_running_cores_lower_a_users_share() -> None:
+    state = fold([*two_users(), *instance("i0", cores=2000), sj(1, 1, inst="i0"),
+                  sj(1, 2, "a2", inst="i0"), *instance("i1", cores=2000)])
+    placed, _ = step(state)
+    assert placed == [(2, 1, "i1"), (2, 2, "i1")]
+
+
+@pytest.mark.parametrize(("jobs", "instances", "expected_placed", "expected_reasons"), [
+    ([jr(1, regions=["eu"])], instance("i1", region="us"), [], {(1, 1): (REASON_REGION,)}),
+    ([jr(1, regions=["eu"])], [*instance("i1", region="us"), *instance("i2", region="eu")],
+     [(1, 1, "i2")], {}),
+    ([jr(1, cores=3000), jr(2, cores=1000)], instance("i1", cores=2000),
+     [(1, 2, "i1")], {(1, 1): (REASON_NO_FIT,)}),
+    ([jr(1)], [], [], {(1, 1): (REASON_NO_INSTANCES,)}),
+    ([jr(1)], [*instance("i1"), InstanceDeactivated(instance_name="i1", reason="idle")],
+     [], {(1, 1): (REASON_NO_INSTANCES,)}),
+    ([jr(1, cores=8000), jr(2)], instance("i1"), [(1, 2, "i1")],
+     {(1, 1): ("permanent: needs 8000 mCPU; the largest standard worker has 4000 mCPU",)}),
+    ([jr(1, ic="highmem")], instance("i1"), [], {(1, 1): (REASON_NO_INSTANCES,)}),
+], ids=["region", "region-matches", "backfill", "no-instances", "inactive", "too-big",
+        "other-coll"])
+def test_placement(jobs: list, instances: list[AnyEvent],
+                   expected_placed: list[tuple[int, int, str]],
+                   expected_reasons: dict[tuple[int, int], tuple[str, ...]]) -> None:
+    state = fold([created(1), submitted(1, 1, *jobs), committed(1, 1), *instances])
+    placed, reasons = step(state, max_worker={"standard": 4000})
+    assert placed == expected_placed
+    assert reasons == expected_reasons
+
+
+def test_quota_blocks_a_user_and_priority_orders_users() -> None:
+    state = fold([*two_users(2), *instance("i1", cores=8000)])
+    blocked = Tiers([[PriorityPlugin({"alice": UserPriority(-1.0, REASON_ACTIVE_CORES),
+                                      "bob": UserPriority(5.0)})]])
+    placed, reasons = step(state, blocked)
+    assert placed == [(2, 1, "i1"), (2, 2, "i1")]
+    assert reasons == {(1, 1): (REASON_ACTIVE_CORES,)}
+
+
+def test_max_jobs_bounds_the_work_of_a_step() -> None:
+    placed, reasons = step(fold([*two_users(), *instance("i1", cores=16_000)]), max_jobs=3)
+    assert len(placed) + len(reasons) == 3
+
+
+def test_a_step_does_not_change_the_state() -> None:
+    events = [*two_users(), *instance("i1")]
+    state = fold(events)
+    step(state)
+    assert state == fold(events)
+
+
+def test_uncommitted_jobs_are_never_scheduled() -> None:
+    state = fold([created(1), submitted(1, 1, jr(1)), submitted(1, 2, jr(2)), committed(1, 2),
+                  *instance("i1")])
+    assert step(state)[0] == [(1, 2, "i1")]
+
+
+@pytest.mark.parametrize(("counts", "expected"), [
+    ({}, {}),
+    ({"a": 0}, {}),
+    ({"a": 1000}, {"a": 300}),
+    ({"a": 900, "b": 100}, {"a": 270, "b": 30}),
+    ({"a": 990, "b": 10}, {"a": 297, "b": 20}),
+    ({"a": 5, "b": 5}, {"a": 150, "b": 150}),
+], ids=repr)
+def test_cancel_shares(counts: dict[str, int], expected: dict[str, int]) -> None:
+    assert cancel_shares(counts) == expected
+
+
+def test_cancellations_cancel_ready_jobs_and_kill_running_ones() -> None:
+    state = fold([*two_users(3), *instance("i1"), sj(1, 1), BatchCancelled(batch_id=1)])
+    picked = cancellations(state)
+    assert [(e.batch_id, e.job_id, e.reason) for e in picked.cancelled] == [
+        (1, 2, "user"), (1, 3, "user")]
+    assert picked.kills == [Kill(1, 1, "a1", "i1")]
+    for event in picked.cancelled:
+        state.apply(event)
+    assert state.job(1, 2) is None and len(state.to_cancel["alice"]) == 1
+    check_invariants(state)
+
+
+def test_cancellations_share_fairly() -> None:
+    events: list[AnyEvent] = [created(1, "alice"), created(2, "bob"),
+                              submitted(1, 1, *(jr(j) for j in range(1, 1001))), committed(1, 1),
+                              submitted(2, 1, *(jr(j) for j in range(1, 6))), committed(2, 1),
+                              BatchCancelled(batch_id=1), BatchCancelled(batch_id=2)]
+    picked = cancellations(fold(events))
+    per_batch = {b: sum(e.batch_id == b for e in picked.cancelled) for b in (1, 2)}
+    assert per_batch == {1: 299, 2: 5}
+
+
+# --- properties over random legal histories ------------------------------------------------------
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_steps_over_random_histories(data: st.DataObject) -> None:
+    sim = Sim(data)
+    counter = ids()
+    for _ in range(data.draw(st.integers(1, 30))):
+        if data.draw(st.booleans()):
+            sim.step()
+            continue
+        state = sim.state
+        before = {name: inst.free_mcpu for name, inst in state.instances.items()}
+        d = schedule(state, NO_TIERS, max_jobs=data.draw(st.integers(1, 20)),
+                     new_attempt_id=lambda: f"s{next(counter)}",
+                     max_worker_mcpu={"standard": 2000})
+        used: dict[str, int] = {}
+        for e in d.scheduled:
+            job = state.job(e.batch_id, e.job_id)
+            batch = state.batches[e.batch_id]
+            # only Ready, not cancelled, not parked, committed jobs are placed
+            assert job is not None and job.state == READY and job.cancel is None
+            assert not job.parked
+            assert (e.batch_id, e.job_id) in state.ready[(batch.user, job.inst_coll)]
+            inst = state.instances[e.instance_name]
+            assert inst.active and inst.inst_coll == job.inst_coll
+            assert not job.regions or inst.region in job.regions
+            assert job.cores_mcpu <= 2000
+            used[e.instance_name] = used.get(e.instance_name, 0) + e.cores_mcpu
+        assert all(used[n] <= before[n] for n in used)
+        assert len({(e.batch_id, e.job_id) for e in d.scheduled}) == len(d.scheduled)
+        for e in d.unschedulable:
+            assert (job := state.job(e.batch_id, e.job_id)) is not None and job.cores_mcpu > 2000
+        sj_events: list[JobScheduled | AnyEvent] = [*d.scheduled, *d.unschedulable]
+        for event in sj_events:
+            sim.emit(at_epoch(event, state.epoch, next(counter)) if isinstance(
+                event, JobScheduled) else event)
+        assert all(inst.free_mcpu >= 0 for inst in sim.state.instances.values())
+        for event in cancellations(sim.state, data.draw(st.integers(1, 10)),
+                                   min_per_user=1).cancelled:
+            sim.emit(event)
+        sim.check()
