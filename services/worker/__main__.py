@@ -1,0 +1,77 @@
+"""``python -m services.worker``: run the worker of this instance until SIGTERM or Ctrl-C.
+
+Configured by the shared ``HS_*`` variables (the log) plus:
+
+| variable | default |
+|---|---|
+| ``HS_WORKER_INSTANCE_NAME`` | the host name |
+| ``HS_WORKER_PORT`` | 5001 |
+| ``HS_WORKER_CORES_MCPU`` | 1000 per CPU |
+| ``HS_WORKER_LOG_DIR`` | ``{HS_DATA_DIR}/worker/{instance}/logs`` |
+| ``HS_WORKER_HEARTBEAT_S`` | 60 |
+| ``HS_WORKER_REPORT_RETRY_S`` | 1 |
+| ``HS_WORKER_SHUTDOWN_REPORT_S`` | 10 |
+| ``HS_WORKER_REGION`` | none |
+| ``HS_WORKER_SCRATCH_DIR`` | the system's temporary directory |
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Mapping
+
+from services.common.settings import LogSettings, load_settings, pick_env
+from services.worker.service import Worker, WorkerSettings
+
+_WORKER_ENV = {
+    "HS_WORKER_INSTANCE_NAME": ("instance_name", str),
+    "HS_WORKER_PORT": ("port", int),
+    "HS_WORKER_CORES_MCPU": ("cores_mcpu", int),
+    "HS_WORKER_LOG_DIR": ("log_dir", str),
+    "HS_WORKER_HEARTBEAT_S": ("heartbeat_s", float),
+    "HS_WORKER_REPORT_RETRY_S": ("report_retry_s", float),
+    "HS_WORKER_SHUTDOWN_REPORT_S": ("shutdown_report_s", float),
+    "HS_WORKER_REGION": ("region", str),
+    "HS_WORKER_SCRATCH_DIR": ("scratch_dir", str),
+}
+
+
+def load_worker_settings(env: Mapping[str, str] | None = None, *,
+                         data_dir: str = "var") -> WorkerSettings:
+    """The worker's settings from ``HS_WORKER_*`` in ``env`` (default: the environment)."""
+    env = os.environ if env is None else env
+    fields = pick_env(env, _WORKER_ENV)
+    name = str(fields.setdefault("instance_name", socket.gethostname()))
+    fields.setdefault("port", 5001)
+    fields.setdefault("cores_mcpu", 1000 * (os.cpu_count() or 1))
+    fields.setdefault("log_dir", os.path.join(data_dir, "worker", name, "logs"))
+    return WorkerSettings(**fields)  # type: ignore[arg-type]
+
+
+async def serve(settings: WorkerSettings, log_settings: LogSettings) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Worker(settings, log_settings) as worker:
+        logging.getLogger(__name__).info("worker %s listening on %s", settings.instance_name,
+                                         worker.address)
+        await stop.wait()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    shared = load_settings()
+    settings = load_worker_settings(data_dir=shared.data_dir)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(settings, shared.log))
+
+
+if __name__ == "__main__":
+    main()

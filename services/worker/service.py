@@ -1,0 +1,375 @@
+"""The worker service: the process on an instance that runs job attempts and reports them.
+
+HTTP on ``127.0.0.1:{port}`` (the scheduler dispatches and cancels; ingest reads logs):
+
+* ``POST /api/v1alpha/jobs`` with ``{batch_id, job_id, attempt_id, user, spec, cores_mcpu,
+  resources?}`` starts the attempt in the background and answers 200 at once. It is idempotent
+  by (batch_id, job_id, attempt_id) (invariant 7): a repeated delivery of a running or finished
+  attempt is 200 ``{"attempt": "running" | "finished"}`` and starts nothing. 409 when the free
+  cores do not cover ``cores_mcpu``, 400 for a malformed body, 503 while shutting down.
+* ``DELETE /api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}`` cancels the attempt: its process
+  group is killed and its MJC says ``Cancelled``. 200 for a known (or finished) attempt, else 404.
+* ``GET /api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}/log/{container}``: the log's bytes
+  from the :class:`LogStore` (404 if none), also while the job runs.
+* ``GET /healthcheck``: 200 with the instance name and free cores.
+
+Events: ``InstanceActivated`` once the server listens; per attempt ``JobStarted`` (MJS) before
+its process starts and ``JobCompleted`` (MJC) with the status document (:mod:`status`) after it
+ends; every ``heartbeat_s`` one ``AttemptHeartbeat`` per running attempt (billing rollup). MJS and
+MJC are published until the log takes them (retryable :class:`LogError`s are retried with
+backoff), so a broker hiccup never loses a completion; a duplicate is harmless because consumers
+are idempotent by attempt. A lost heartbeat is not retried: the next one supersedes it. Only the
+main container runs: a spec with input or output files ends in ``Error`` (not supported yet).
+
+Shutdown (leaving the context, idempotent) refuses new jobs, kills running attempts *without*
+reporting them, lets attempts that already ended finish reporting (up to
+``shutdown_report_s``), then stops the server and the publisher. An attempt killed because its
+worker went away was not cancelled by anyone: an MJC ``Cancelled`` would end the job for good,
+whereas the scheduler must see it as lost and run a new attempt. Only a DELETE yields an MJC
+``Cancelled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Self
+
+import msgspec
+from aiohttp import web
+
+from schemas.base import AttemptResource
+from schemas.events import AnyEvent
+from schemas.execution import AttemptHeartbeat, JobStarted
+from schemas.infra import InstanceActivated
+from services.common.log import LogError, Publisher
+from services.common.settings import LogSettings
+from services.worker.logstore import LocalLogStore, LogStore, LogWriter, valid_name
+from services.worker.runtime import (
+    ContainerRuntime,
+    LocalProcessRuntime,
+    Outcome,
+    RunRequest,
+    request_from_spec,
+    time_ms,
+)
+from services.worker.status import job_completed, job_status
+
+log = logging.getLogger(__name__)
+
+MAX_RETRY_S = 60.0
+FINISHED_MEMORY = 10_000  # finished attempts remembered for idempotence (most recent first out)
+JOB_PATH = "/api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}"
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """One worker process: its identity, capacity and timings."""
+
+    instance_name: str
+    port: int
+    cores_mcpu: int
+    log_dir: str
+    heartbeat_s: float = 60.0
+    # First delay between attempts to publish an MJS/MJC; it doubles up to MAX_RETRY_S.
+    report_retry_s: float = 1.0
+    shutdown_report_s: float = 10.0
+    region: str | None = None
+    # Where attempts get their working directories (None: the system's temporary directory).
+    scratch_dir: str | None = None
+
+
+class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """The body of a dispatch: one attempt of one job."""
+
+    batch_id: int
+    job_id: int
+    attempt_id: str
+    user: str
+    spec: dict[str, Any]
+    cores_mcpu: Annotated[int, msgspec.Meta(ge=0)]
+    resources: list[AttemptResource] = []
+
+
+AttemptKey = tuple[int, int, str]
+
+
+@dataclass(eq=False)
+class _Attempt:
+    job: JobRequest
+    request: RunRequest
+    task: asyncio.Task[None] | None = None
+    run: asyncio.Task[Outcome] | None = None  # the process, once started
+    outcome: Outcome | None = None  # set when the process ended: its cores are free
+    cancel_requested: bool = False  # a DELETE: report Cancelled
+    abandoned: bool = False  # the worker shuts down: report nothing
+
+    @property
+    def key(self) -> AttemptKey:
+        return (self.job.batch_id, self.job.job_id, self.job.attempt_id)
+
+
+class Worker:
+    """The worker service, an async context manager (see the module docstring)."""
+
+    def __init__(self, settings: WorkerSettings, log_settings: LogSettings, *,
+                 store: LogStore | None = None, runtime: ContainerRuntime | None = None,
+                 publisher: Publisher | None = None,
+                 clock: Callable[[], int] = time_ms) -> None:
+        self._settings = settings
+        self._store = store or LocalLogStore(settings.log_dir)
+        self._runtime = runtime or LocalProcessRuntime(clock=clock)
+        self._publisher = publisher or Publisher(log_settings)
+        self._clock = clock
+        self._scratch = Path(settings.scratch_dir or tempfile.gettempdir()) / (
+            f"hs-worker-{settings.instance_name}")
+        self._attempts: dict[AttemptKey, _Attempt] = {}
+        self._finished: OrderedDict[AttemptKey, None] = OrderedDict()
+        self._runner: web.AppRunner | None = None
+        self._heartbeats: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._stopped = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._settings.port}"
+
+    @property
+    def free_mcpu(self) -> int:
+        busy = sum(a.job.cores_mcpu for a in self._attempts.values() if a.outcome is None)
+        return self._settings.cores_mcpu - busy
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        s = self._settings
+        await self._publisher.start()
+        app = web.Application()
+        app.add_routes([
+            web.post("/api/v1alpha/jobs", self._post_job),
+            web.delete(JOB_PATH, self._delete_job),
+            web.get(JOB_PATH + "/log/{container}", self._get_log),
+            web.get("/healthcheck", self._healthcheck),
+        ])
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", s.port).start()
+        self._accepting = True
+        # Announced once listening, so the scheduler may dispatch as soon as it reads this.
+        await self._report(InstanceActivated(instance_name=s.instance_name, address=self.address,
+                                             cores_mcpu=s.cores_mcpu))
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop(), name="heartbeats")
+
+    async def stop(self) -> None:
+        """Shut down (idempotent): running attempts are killed and left unreported."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._accepting = False
+        if self._heartbeats is not None:
+            self._heartbeats.cancel()
+            await asyncio.gather(self._heartbeats, return_exceptions=True)
+        running, reporting = [], []
+        for attempt in self._attempts.values():
+            assert attempt.task is not None
+            if attempt.outcome is None:
+                attempt.abandoned = True
+                attempt.task.cancel()
+                running.append(attempt.task)
+            else:
+                reporting.append(attempt.task)
+        if reporting:
+            _, late = await asyncio.wait(reporting, timeout=self._settings.shutdown_report_s)
+            for task in late:
+                task.cancel()
+        await asyncio.gather(*running, *reporting, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._publisher.stop()
+
+    # HTTP
+
+    async def _post_job(self, request: web.Request) -> web.Response:
+        if not self._accepting:
+            return _error(503, "the worker is shutting down")
+        try:
+            job = msgspec.json.decode(await request.read(), type=JobRequest)
+        except msgspec.DecodeError as e:
+            return _error(400, f"invalid job: {e}")
+        if not valid_name(job.attempt_id):
+            return _error(400, f"invalid attempt id {job.attempt_id!r}")
+        key = (job.batch_id, job.job_id, job.attempt_id)
+        if key in self._attempts or key in self._finished:
+            state = "finished" if key in self._finished else "running"
+            return web.json_response({"attempt": state})
+        try:
+            run_request = request_from_spec(job.spec, cwd=self._workdir(key), extra_env={
+                "HAIL_BATCH_ID": str(job.batch_id), "HAIL_JOB_ID": str(job.job_id),
+                "HAIL_ATTEMPT_ID": job.attempt_id})
+        except (KeyError, TypeError, ValueError) as e:
+            return _error(400, f"invalid job spec: {type(e).__name__}: {e}")
+        free = self.free_mcpu
+        if job.cores_mcpu > free:
+            return _error(409, f"not enough free cores: the job needs {job.cores_mcpu} mCPU, "
+                               f"{free} of {self._settings.cores_mcpu} mCPU are free")
+        attempt = _Attempt(job=job, request=run_request)
+        self._attempts[key] = attempt
+        attempt.task = asyncio.create_task(self._attempt(attempt), name=f"attempt-{key}")
+        return web.json_response({"attempt": "started"})
+
+    async def _delete_job(self, request: web.Request) -> web.Response:
+        key = _key(request)
+        attempt = self._attempts.get(key) if key is not None else None
+        if attempt is None:
+            if key in self._finished:
+                return web.json_response({"attempt": "finished"})
+            return _error(404, "no such attempt")
+        if attempt.outcome is None and not attempt.cancel_requested:
+            attempt.cancel_requested = True
+            if attempt.run is not None:
+                attempt.run.cancel()  # the runtime kills the process and returns Cancelled
+        return web.json_response({"attempt": "cancelling"})
+
+    async def _get_log(self, request: web.Request) -> web.Response:
+        key, container = _key(request), request.match_info["container"]
+        if key is None or not valid_name(container):
+            return _error(404, "no such log")
+        data = await asyncio.to_thread(self._store.read, *key, container)
+        if data is None:
+            return _error(404, "no such log")
+        return web.Response(body=data, content_type="application/octet-stream")
+
+    async def _healthcheck(self, request: web.Request) -> web.Response:
+        return web.json_response({"instance_name": self._settings.instance_name,
+                                  "free_mcpu": self.free_mcpu, "accepting": self._accepting})
+
+    # Attempts
+
+    async def _attempt(self, attempt: _Attempt) -> None:
+        job = attempt.job
+        try:
+            start = self._clock()
+            await self._report(JobStarted(
+                batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
+                instance_name=self._settings.instance_name, start_time_ms=start,
+                resources=job.resources))
+            outcome, error = await self._execute(attempt)
+            attempt.outcome = outcome if outcome is not None else Outcome(
+                state="Error", start_time_ms=start, end_time_ms=self._clock())
+            if attempt.abandoned:
+                return
+            doc = job_status(
+                spec=job.spec, outcomes={} if outcome is None else {"main": outcome},
+                batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
+                user=job.user, worker=self._settings.instance_name,
+                region=self._settings.region, start_time_ms=start,
+                end_time_ms=attempt.outcome.end_time_ms, resources=job.resources, error=error)
+            await self._report(job_completed(doc, instance_name=self._settings.instance_name,
+                                             resources=job.resources))
+        except Exception:  # the attempt's top level: log what went wrong, keep the worker up
+            log.exception("attempt %s failed in the worker", attempt.key)
+        finally:
+            self._attempts.pop(attempt.key, None)
+            if not attempt.abandoned:
+                self._remember(attempt.key)
+
+    async def _execute(self, attempt: _Attempt) -> tuple[Outcome | None, str | None]:
+        """Run the main container: its outcome, or None and a worker error."""
+        job = attempt.job
+        if attempt.cancel_requested:
+            return self._never_started(), None
+        if job.spec.get("input_files") or job.spec.get("output_files"):
+            return None, "input and output files are not supported by this worker yet"
+        workdir = Path(attempt.request.cwd)
+        sink: LogWriter | None = None
+        try:
+            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+            sink = await asyncio.to_thread(
+                self._store.writer, job.batch_id, job.job_id, job.attempt_id, "main")
+            if attempt.cancel_requested:  # a DELETE while we prepared
+                return self._never_started(), None
+            attempt.run = asyncio.create_task(self._runtime.run(attempt.request, sink))
+            try:
+                return await attempt.run, None
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if attempt.abandoned or (task is not None and task.cancelling()):
+                    raise
+                return self._never_started(), None  # a DELETE before the run's first step
+        except OSError as e:
+            return None, f"worker error: {type(e).__name__}: {e}"
+        finally:
+            if sink is not None:
+                await asyncio.to_thread(sink.close)
+            await asyncio.to_thread(shutil.rmtree, workdir, True)
+
+    async def _report(self, event: AnyEvent) -> None:
+        """Publish ``event`` until the log takes it; give up only on a fatal error."""
+        delay = self._settings.report_retry_s
+        while True:
+            try:
+                await self._publisher.publish(event)
+                return
+            except LogError as e:
+                if not e.retryable:
+                    log.error("cannot publish %s, giving up: %s", type(event).__name__, e)
+                    return
+                log.warning("publishing %s failed, retrying in %.1fs: %s",
+                            type(event).__name__, delay, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_S)
+
+    async def _heartbeat_loop(self) -> None:
+        s = self._settings
+        while True:
+            await asyncio.sleep(s.heartbeat_s)
+            now = self._clock()
+            beats = [AttemptHeartbeat(batch_id=a.job.batch_id, job_id=a.job.job_id,
+                                      attempt_id=a.job.attempt_id, instance_name=s.instance_name,
+                                      rollup_time_ms=now)
+                     for a in self._attempts.values() if a.run is not None and a.outcome is None]
+            if beats:
+                try:
+                    await self._publisher.publish_many(beats)
+                except LogError as e:
+                    log.warning("heartbeats not published (the next ones cover them): %s", e)
+
+    def _never_started(self) -> Outcome:
+        now = self._clock()
+        return Outcome(state="Cancelled", start_time_ms=now, end_time_ms=now)
+
+    def _remember(self, key: AttemptKey) -> None:
+        self._finished[key] = None
+        while len(self._finished) > FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+
+    def _workdir(self, key: AttemptKey) -> Path:
+        batch_id, job_id, attempt_id = key
+        return self._scratch / f"batch-{batch_id}-job-{job_id}-{attempt_id}"
+
+
+def _key(request: web.Request) -> AttemptKey | None:
+    info = request.match_info
+    with contextlib.suppress(ValueError):
+        if valid_name(info["attempt_id"]):
+            return (int(info["batch_id"]), int(info["job_id"]), info["attempt_id"])
+    return None
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"message": message}, status=status)

@@ -1,0 +1,296 @@
+"""The worker service against the real broker and real processes: dispatch, reports, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+import pytest
+
+from schemas.base import Event
+from schemas.events import AnyEvent
+from schemas.execution import AttemptHeartbeat, JobCompleted, JobStarted
+from schemas.infra import InstanceActivated
+from services.common import procs
+from services.common.log import (
+    ConsumerOptions,
+    LogConsumer,
+    LogError,
+    LogPosition,
+    Publisher,
+    bootstrap_topics,
+)
+from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings
+from services.worker.__main__ import load_worker_settings
+from services.worker.runtime import time_ms
+from services.worker.service import Worker, WorkerSettings
+
+pytestmark = pytest.mark.integration
+
+BATCH = 7
+
+
+def spec(*command: str) -> dict[str, Any]:
+    return {"process": {"type": "docker", "image": "ubuntu:24.04", "command": list(command)}}
+
+
+def sleeper(pidfile: Path) -> dict[str, Any]:
+    """A job that appends its pid to ``pidfile`` (one line per run), then sleeps."""
+    return spec("sh", "-c", f"echo $$ >> {pidfile}; exec sleep 30")
+
+
+class Env:
+    """A running worker, an HTTP client to it and a reader of the log."""
+
+    def __init__(self, worker: Worker, http: aiohttp.ClientSession, consumer: LogConsumer,
+                 log_settings: LogSettings) -> None:
+        self.worker = worker
+        self.http = http
+        self.consumer = consumer
+        self.log_settings = log_settings
+        self.events: list[Event] = []
+        self.base = f"http://{worker.address}"
+
+    async def post(self, job_id: int, attempt_id: str, job_spec: dict[str, Any],
+                   cores_mcpu: int = 1000) -> tuple[int, dict[str, Any]]:
+        body = {"batch_id": BATCH, "job_id": job_id, "attempt_id": attempt_id, "user": "alice",
+                "spec": job_spec, "cores_mcpu": cores_mcpu}
+        async with self.http.post(f"{self.base}/api/v1alpha/jobs", json=body) as r:
+            return r.status, await r.json()
+
+    async def delete(self, job_id: int, attempt_id: str) -> int:
+        async with self.http.delete(
+                f"{self.base}/api/v1alpha/jobs/{BATCH}/{job_id}/{attempt_id}") as r:
+            return r.status
+
+    async def log(self, job_id: int, attempt_id: str, container: str = "main"
+                  ) -> tuple[int, bytes]:
+        url = f"{self.base}/api/v1alpha/jobs/{BATCH}/{job_id}/{attempt_id}/log/{container}"
+        async with self.http.get(url) as r:
+            return r.status, await r.read()
+
+    async def wait_for(self, found: Callable[[list[Event]], bool], timeout_s: float = 30
+                       ) -> list[Event]:
+        async with asyncio.timeout(timeout_s):
+            while not found(self.events):
+                self.events += [r.envelope.event for r in await self.consumer.next_batch()]
+        return self.events
+
+    async def settle(self) -> list[Event]:
+        """Everything published for the batch so far: read up to a marker published now."""
+        marker = AttemptHeartbeat(batch_id=BATCH, job_id=0, attempt_id="marker",
+                                  instance_name="test", rollup_time_ms=0)
+        async with Publisher(self.log_settings) as pub:
+            await pub.publish(marker)
+        return await self.wait_for(lambda evs: marker in evs)
+
+    def of(self, kind: type[Event], job_id: int | None = None) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)
+                and (job_id is None or getattr(e, "job_id", None) == job_id)]
+
+
+@asynccontextmanager
+async def running(log_settings: LogSettings, tmp_path: Path, *,
+                  publisher: Publisher | None = None, clock: Callable[[], int] = time_ms,
+                  **overrides: Any) -> AsyncIterator[Env]:
+    # One partition per topic: the reader seeks each partition in turn, about 0.5 s apiece.
+    log_settings = msgspec.structs.replace(log_settings, partitions=1)
+    await bootstrap_topics(log_settings)
+    settings = WorkerSettings(**{
+        "instance_name": "worker-1", "port": procs.free_port(), "cores_mcpu": 4000,
+        "log_dir": str(tmp_path / "logs"), "scratch_dir": str(tmp_path / "scratch"),
+        "report_retry_s": 0.05, **overrides})
+    options = ConsumerOptions(name="reader", topics=[TOPIC_BATCH, TOPIC_SCHEDULER], group=False)
+    async with LogConsumer(log_settings, options) as consumer, aiohttp.ClientSession() as http:
+        worker = Worker(settings, log_settings, publisher=publisher, clock=clock)
+        async with worker:
+            yield Env(worker, http, consumer, log_settings)
+
+
+def completed(job_id: int) -> Callable[[list[Event]], bool]:
+    return lambda evs: any(isinstance(e, JobCompleted) and e.job_id == job_id for e in evs)
+
+
+def started(job_id: int) -> Callable[[list[Event]], bool]:
+    return lambda evs: any(isinstance(e, JobStarted) and e.job_id == job_id for e in evs)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+
+
+def read_pids(path: Path) -> list[int]:
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+async def pids_in(path: Path, n: int = 1) -> list[int]:
+    for _ in range(500):
+        if len(pids := read_pids(path)) >= n:
+            return pids
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{path} never listed {n} pids")
+
+
+async def test_attempts_report_start_then_completion(log_settings: LogSettings,
+                                                     tmp_path: Path) -> None:
+    jobs = {1: (spec("true"), "Success", 0), 2: (spec("false"), "Failed", 1),
+            3: (spec("echo", "hello"), "Success", 0),
+            4: ({**spec("true"), "input_files": [["gs://b/x", "/io/x"]]}, "Error", None)}
+    async with running(log_settings, tmp_path) as env:
+        for job_id, (job_spec, _, _) in jobs.items():
+            assert await env.post(job_id, "a1", job_spec) == (200, {"attempt": "started"})
+        await env.wait_for(lambda evs: all(completed(j)(evs) for j in jobs))
+        assert await env.log(3, "a1") == (200, b"hello\n")
+        assert (await env.log(3, "a1", "output"))[0] == 404
+        assert (await env.log(3, "nope"))[0] == 404
+        async with env.http.get(f"{env.base}/healthcheck") as r:
+            assert r.status == 200
+            assert (await r.json())["free_mcpu"] == 4000
+
+    (activated,) = env.of(InstanceActivated)
+    assert activated == InstanceActivated(instance_name="worker-1", address=env.worker.address,
+                                          cores_mcpu=4000)
+    for job_id, (_, state, exit_code) in jobs.items():
+        kinds = [type(e) for e in env.events if getattr(e, "job_id", None) == job_id]
+        assert kinds == [JobStarted, JobCompleted]
+        (mjc,) = env.of(JobCompleted, job_id)
+        assert (mjc.state, mjc.exit_code, mjc.attempt_id) == (state, exit_code, "a1")
+        assert mjc.instance_name == "worker-1"
+        main = msgspec.json.decode(mjc.status)["container_statuses"]["main"]
+        assert main.get("container_status", {}).get("exit_code") == exit_code
+    assert "not supported" in (env.of(JobCompleted, 4)[0].error or "")
+
+
+async def test_a_repeated_delivery_runs_the_attempt_once(log_settings: LogSettings,
+                                                         tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    job_spec = spec("sh", "-c", f"echo $$ >> {pidfile}")
+    async with running(log_settings, tmp_path) as env:
+        answers = await asyncio.gather(*(env.post(1, "a1", job_spec) for _ in range(3)))
+        assert sorted(a["attempt"] for _, a in answers) == ["running", "running", "started"]
+        await env.wait_for(completed(1))
+        assert await env.post(1, "a1", job_spec) == (200, {"attempt": "finished"})
+        assert await env.delete(1, "a1") == 200  # cancelling a finished attempt: a no-op
+        await env.settle()
+    assert len(await pids_in(pidfile)) == 1
+    assert len(env.of(JobStarted, 1)) == len(env.of(JobCompleted, 1)) == 1
+
+
+async def test_delete_cancels_a_running_attempt(log_settings: LogSettings,
+                                                tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    async with running(log_settings, tmp_path) as env:
+        assert (await env.post(1, "a1", sleeper(pidfile)))[0] == 200
+        (pid,) = await pids_in(pidfile)
+        await env.wait_for(started(1))
+        assert await env.delete(1, "a1") == 200
+        assert await env.delete(1, "nope") == 404
+        await env.wait_for(completed(1), timeout_s=5)
+        assert not alive(pid)
+        await env.settle()
+    (mjc,) = env.of(JobCompleted, 1)
+    assert (mjc.state, mjc.exit_code) == ("Cancelled", None)
+    assert msgspec.json.decode(mjc.status)["state"] == "cancelled"
+
+
+async def test_refuses_jobs_beyond_its_free_cores(log_settings: LogSettings,
+                                                  tmp_path: Path) -> None:
+    async with running(log_settings, tmp_path, cores_mcpu=1000) as env:
+        assert (await env.post(1, "a1", sleeper(tmp_path / "p1"), cores_mcpu=750))[0] == 200
+        status, body = await env.post(2, "a1", sleeper(tmp_path / "p2"), cores_mcpu=500)
+        assert status == 409
+        assert "250 of 1000 mCPU are free" in body["message"]
+        assert (await env.post(3, "a1", sleeper(tmp_path / "p3"), cores_mcpu=250))[0] == 200
+        assert (await env.post(4, "a1", {"process": {"type": "jvm"}}))[0] == 400
+        assert (await env.post(4, "../x", spec("true")))[0] == 400
+        async with env.http.post(f"{env.base}/api/v1alpha/jobs", json={"batch_id": 1}) as r:
+            assert r.status == 400
+        assert await env.delete(1, "a1") == 200
+        await env.wait_for(completed(1))
+        # The cancelled attempt's cores are free again.
+        assert (await env.post(2, "a1", sleeper(tmp_path / "p2"), cores_mcpu=500))[0] == 200
+
+
+async def test_heartbeats_carry_the_clock_for_running_attempts(log_settings: LogSettings,
+                                                               tmp_path: Path) -> None:
+    ticks = itertools.count(5_000_000)
+    async with running(log_settings, tmp_path, heartbeat_s=0.2,
+                       clock=lambda: next(ticks)) as env:
+        await env.post(1, "a1", sleeper(tmp_path / "pids"))
+        await env.wait_for(lambda evs: len(env.of(AttemptHeartbeat, 1)) >= 3)
+        await env.delete(1, "a1")
+        await env.wait_for(completed(1))
+        await asyncio.sleep(0.5)
+        await env.settle()
+    beats = env.of(AttemptHeartbeat, 1)
+    rollups = [b.rollup_time_ms for b in beats]
+    assert rollups == sorted(rollups) and rollups[0] >= 5_000_000
+    assert {b.attempt_id for b in beats} == {"a1"}
+    # None after the MJC.
+    assert env.events.index(env.of(JobCompleted, 1)[0]) > env.events.index(beats[-1])
+
+
+async def test_shutdown_kills_attempts_without_reporting_them(log_settings: LogSettings,
+                                                              tmp_path: Path) -> None:
+    async with running(log_settings, tmp_path) as env:
+        for job_id in (1, 2):
+            await env.post(job_id, "a1", sleeper(tmp_path / f"pids{job_id}"))
+        pids = [(await pids_in(tmp_path / f"pids{job_id}"))[0] for job_id in (1, 2)]
+        await env.wait_for(lambda evs: started(1)(evs) and started(2)(evs))
+        await env.worker.stop()
+        await env.worker.stop()  # idempotent
+        assert not any(alive(pid) for pid in pids)
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await env.post(3, "a1", spec("true"))
+        await env.settle()
+    assert env.of(JobCompleted) == []
+    assert not list((tmp_path / "scratch").rglob("batch-*"))  # working directories removed
+
+
+class FlakyPublisher(Publisher):
+    """Fails the first ``failures`` MJC publishes as a broker hiccup would."""
+
+    def __init__(self, settings: LogSettings, failures: int) -> None:
+        super().__init__(settings)
+        self.failures = failures
+
+    async def publish_many(self, events: Sequence[AnyEvent | Any], *,
+                           partition: int | None = None) -> list[LogPosition]:
+        if self.failures and any(isinstance(e, JobCompleted) for e in events):
+            self.failures -= 1
+            raise LogError("publishing: KafkaTimeoutError", retryable=True)
+        return await super().publish_many(events, partition=partition)
+
+
+async def test_an_mjc_survives_broker_hiccups(log_settings: LogSettings,
+                                              tmp_path: Path) -> None:
+    flaky = FlakyPublisher(log_settings, failures=3)
+    async with running(log_settings, tmp_path, publisher=flaky) as env:
+        await env.post(1, "a1", spec("true"))
+        await env.wait_for(completed(1))
+        await env.settle()
+    assert flaky.failures == 0
+    (mjc,) = env.of(JobCompleted, 1)
+    assert mjc.state == "Success"
+
+
+def test_settings_from_the_environment() -> None:
+    settings = load_worker_settings({"HS_WORKER_INSTANCE_NAME": "w-9", "HS_WORKER_PORT": "6001",
+                                     "HS_WORKER_CORES_MCPU": "16000",
+                                     "HS_WORKER_HEARTBEAT_S": "0.5"}, data_dir="/data")
+    assert (settings.instance_name, settings.port, settings.cores_mcpu) == ("w-9", 6001, 16000)
+    assert (settings.heartbeat_s, settings.log_dir) == (0.5, "/data/worker/w-9/logs")
+    with pytest.raises(ValueError, match="HS_WORKER_PORT"):
+        load_worker_settings({"HS_WORKER_PORT": "x"})
