@@ -22,7 +22,7 @@ from schemas import codec
 from schemas import topics as logical_topics
 from services.common.log import Record
 from services.common.settings import PROJECTOR_CONSUMER, Settings
-from services.projector.sink import Sink
+from services.projector.sink import Applied, Sink
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,24 @@ def _records(events: Iterable[Any], logical: dict[str, str]) -> list[Record]:
             raise codec.DecodeError(f"{m.topic}[{m.partition}]@{m.offset}: {e}") from None
         out.append(Record(logical[m.topic], m.partition, m.offset, env))
     return out
+
+
+async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: float = 0.2,
+                           max_delay_s: float = 10.0) -> Applied:
+    """Apply records, retrying while the database is unreachable.
+
+    Retrying is safe: the sink skips what a failed attempt may have committed (offsets are
+    stored with the rows). Other errors (a bug, a constraint violation) are not retried: they
+    stop the agent loudly rather than skip a record.
+    """
+    delay = first_delay_s
+    while True:
+        try:
+            return await asyncio.to_thread(sink.apply, records)
+        except sa.exc.OperationalError as e:
+            log.warning("database unavailable, retrying in %.1fs: %s", delay, e)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, max_delay_s)
 
 
 def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER
@@ -85,7 +103,7 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
             batches = stream.take_events(BATCH_SIZE, within=BATCH_WITHIN_S)  # type: ignore[attr-defined]
             async for events in batches:
                 records = _records(events, logical)
-                applied = await asyncio.to_thread(sink.apply, records)
+                applied = await apply_with_retry(sink, records)
                 log.debug("applied %d/%d records in %d statements", applied.fresh,
                           applied.records, applied.statements)
 

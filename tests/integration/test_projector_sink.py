@@ -203,3 +203,29 @@ def test_projection_does_not_depend_on_batching(db_server: DatabaseSettings) -> 
             engine.dispose()
     assert snapshots[0] == snapshots[1] == snapshots[2]
     assert snapshots[0]["jobs"], "the workload produced jobs"
+
+
+async def test_apply_with_retry_survives_an_unreachable_database(
+        engine: sa.Engine, migrated_db: DatabaseSettings) -> None:
+    """A sink whose database refuses connections at first is retried until it answers."""
+    from services.projector.app import apply_with_retry
+
+    s = Stream()
+    records = s.records(submission(30, 1, [job(1)], create=True))
+    broken = sa.create_engine(migrated_db.url().replace(f":{migrated_db.port}/", ":1/"))
+    sink = Sink(broken, "retry")
+    calls = 0
+    real = Sink(engine, "retry")
+
+    def flaky(recs: list) -> object:  # type: ignore[type-arg]
+        nonlocal calls
+        calls += 1
+        return (sink if calls < 3 else real).apply(recs)
+
+    class Flaky:
+        apply = staticmethod(flaky)
+
+    applied = await apply_with_retry(Flaky(), records, first_delay_s=0.01)  # type: ignore[arg-type]
+    broken.dispose()
+    assert calls == 3 and applied.fresh == len(records)
+    assert query(engine, "SELECT state FROM batches WHERE id = 30") == [("running",)]
