@@ -103,6 +103,17 @@ _DB_ENV = {
 }
 
 
+def log_env(settings: LogSettings) -> dict[str, str]:
+    """The ``HS_*`` variables that make a child process read the log as ``settings`` say."""
+    env: dict[str, str] = {}
+    for var, (name, _) in _LOG_ENV.items():
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        env[var] = ("true" if value else "false") if isinstance(value, bool) else str(value)
+    return env
+
+
 def pick_env(env: Mapping[str, str], table: Mapping[str, tuple[str, object]]
              ) -> dict[str, object]:
     """Parse the variables of ``table`` present in ``env`` into struct fields."""
