@@ -16,8 +16,18 @@ Job states follow the projector (:mod:`core.projection.execution`, ``services/pr
   job remembers whether it succeeded, for the parents of later updates);
 - ``attempt.lost`` of the current attempt returns a Running job to Ready, or ends it in Error
   after ``n_max_attempts``;
+- ``Job.started`` records that the MJS of the current attempt was folded (an SJ alone leaves it
+  False), so a new scheduler can re-deliver attempts that were placed but never started;
+- each instance knows the attempts placed on it (``Instance.attempts``,
+  :meth:`SchedulerState.running_on`);
 - a parent that ends in anything but Success marks its not-``always_run`` children cancelled;
   cancelling a group cancels its descendants (the batch is group 0).
+
+``cancel_after_n_failures`` of a batch (group 0) or job group counts the jobs of the group and
+its descendants that end Failed or Error (an MJC, or a lost last attempt); cancelled jobs do not
+count. A group that reaches its limit and is not cancelled yet waits in
+``SchedulerState.failure_cancels`` until its cancellation is folded
+(:func:`core.scheduling.failure_cancellations` turns the entries into events).
 
 A job is *effectively cancelled* (``Job.cancel`` is set) when it is not ``always_run`` and a
 parent failed or its group is cancelled. Ready jobs that are not cancelled sit in the ready queue
@@ -35,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 from core.job_queue import JobQueue
-from schemas.base import CancelReason, JobState
+from schemas.base import CancelReason, CompletedJobState, JobState
 from schemas.batch import (
     BatchCancelled,
     BatchCreated,
@@ -90,8 +100,8 @@ class Job:
     instance: str | None = None
     cancel: CancelReason | None = None
     """Why the job is effectively cancelled, or None."""
-    parked: bool = False
-    """Permanently unschedulable: kept out of the ready queue and of fair share."""
+    started: bool = False
+    """The MJS of the current attempt was folded (False while only its SJ is known)."""
 
 
 @dataclass(slots=True)
@@ -111,6 +121,10 @@ class Batch:
     """Committed children of live jobs (only the ones still waiting for them)."""
     done: bytearray = field(default_factory=bytearray)
     """Per job id: 0 not finished (or unknown), 1 succeeded, 2 ended otherwise."""
+    failure_limits: dict[int, int] = field(default_factory=dict)
+    """``cancel_after_n_failures`` per group that has one (the batch's is group 0's)."""
+    n_failures: dict[int, int] = field(default_factory=dict)
+    """Jobs ended Failed or Error within each group that has a limit (descendants included)."""
 
     def outcome(self, job_id: int) -> int:
         """0, ``_SUCCEEDED`` or ``_UNSUCCESSFUL`` for a job id."""
@@ -130,6 +144,11 @@ class Instance:
     total_mcpu: int
     used_mcpu: int = 0
     active: bool = False
+    deactivated: bool = False
+    """Takes no new jobs until deleted (an instance neither active nor deactivated is still
+    being created)."""
+    attempts: dict[tuple[int, int], str] = field(default_factory=dict)
+    """Attempts placed on the instance: (batch id, job id) -> attempt id."""
 
     @property
     def free_mcpu(self) -> int:
@@ -152,11 +171,13 @@ class SchedulerState:
         self.batches: dict[int, Batch] = {}
         self.instances: dict[str, Instance] = {}
         self.ready: dict[UserColl, JobQueue] = {}
-        """Ready, not cancelled, not parked jobs per (user, inst_coll)."""
+        """Ready, not cancelled jobs per (user, inst_coll)."""
         self.to_cancel: dict[str, JobQueue] = {}
         """Effectively cancelled Ready and Running jobs per user (the canceller's queue)."""
         self.ready_mcpu: dict[UserColl, int] = {}
         self.running_mcpu: dict[UserColl, int] = {}
+        self.failure_cancels: set[tuple[int, int]] = set()
+        """(batch id, group id) that reached ``cancel_after_n_failures`` and are not cancelled."""
         self._regions: dict[tuple[str, ...], tuple[str, ...]] = {}
 
     def __eq__(self, other: object) -> bool:
@@ -167,12 +188,29 @@ class SchedulerState:
 
     def _parts(self) -> tuple[object, ...]:
         return (self.epoch, self.batches, self.instances, _nonempty(self.ready),
-                _nonempty(self.to_cancel), self.ready_mcpu, self.running_mcpu)
+                _nonempty(self.to_cancel), self.ready_mcpu, self.running_mcpu,
+                self.failure_cancels)
 
     def job(self, batch_id: int, job_id: int) -> Job | None:
         """A committed, unfinished job, or None."""
         batch = self.batches.get(batch_id)
         return None if batch is None else batch.jobs.get(job_id)
+
+    def running_on(self, instance_name: str) -> list[tuple[int, int, str]]:
+        """The attempts placed on an instance, as sorted (batch id, job id, attempt id).
+
+        Args:
+            instance_name: The instance; an unknown (or deleted) one has none.
+
+        Returns:
+            The attempts whose SJ or MJS named the instance and that have not ended or been
+            lost since.
+
+        """
+        inst = self.instances.get(instance_name)
+        if inst is None:
+            return []
+        return sorted((b, j, a) for (b, j), a in inst.attempts.items())
 
     # --- folding -----------------------------------------------------------------------------
     def apply(self, item: Envelope | AnyEvent) -> None:
@@ -183,7 +221,10 @@ class SchedulerState:
             case SchedulerElected():
                 self.epoch = max(self.epoch, event.epoch)
             case BatchCreated():
-                self.batches.setdefault(event.batch_id, Batch(sys.intern(event.user)))
+                if event.batch_id not in self.batches:
+                    limit = event.cancel_after_n_failures
+                    self.batches[event.batch_id] = Batch(
+                        sys.intern(event.user), failure_limits={} if limit is None else {0: limit})
             case JobGroupsSubmitted():
                 self._groups(event)
             case JobsSubmitted():
@@ -197,18 +238,19 @@ class SchedulerState:
             case JobScheduled():
                 if epoch is None or epoch >= self.epoch:
                     self._start(event.batch_id, event.job_id, event.attempt_id,
-                                event.instance_name)
+                                event.instance_name, started=False)
             case JobStarted():
-                self._start(event.batch_id, event.job_id, event.attempt_id, event.instance_name)
+                self._start(event.batch_id, event.job_id, event.attempt_id, event.instance_name,
+                            started=True)
             case JobCompleted():
-                self._end(event.batch_id, event.job_id, event.state == "Success")
+                self._end(event.batch_id, event.job_id, event.state)
             case JobCancelled():
-                self._end(event.batch_id, event.job_id, False)
+                self._end(event.batch_id, event.job_id, "Cancelled")
             case AttemptLost():
                 self._lost(event)
             case JobUnschedulable():
                 if event.permanent:
-                    self._park(event.batch_id, event.job_id)
+                    self._unschedulable(event.batch_id, event.job_id)
             case InstanceRequested():
                 self.instances.setdefault(event.instance_name, Instance(
                     sys.intern(event.inst_coll), sys.intern(event.region), event.cores_mcpu))
@@ -218,12 +260,13 @@ class SchedulerState:
             case InstanceActivated():
                 inst = self.instances.get(event.instance_name)
                 if inst is not None:
-                    inst.total_mcpu, inst.active = event.cores_mcpu, True
+                    inst.total_mcpu, inst.active, inst.deactivated = event.cores_mcpu, True, False
             case InstanceDeactivated():
                 inst = self.instances.get(event.instance_name)
                 if inst is not None:
-                    inst.active = False
+                    inst.active, inst.deactivated = False, True
             case InstanceDeleted():
+                # Attempts still placed on it stay Running: the service publishes AttemptLost.
                 self.instances.pop(event.instance_name, None)
             case _:
                 pass  # events that do not change what the scheduler acts on
@@ -234,6 +277,8 @@ class SchedulerState:
             return
         for g in event.job_groups:
             batch.group_parent[g.job_group_id] = g.parent_id
+            if g.cancel_after_n_failures is not None:
+                batch.failure_limits[g.job_group_id] = g.cancel_after_n_failures
             reason = batch.group_cancel(g.parent_id)
             if reason is not None:  # ingest refuses this; a race must not revive the group
                 batch.cancelled_groups.setdefault(g.job_group_id, reason)
@@ -298,31 +343,43 @@ class SchedulerState:
             return
         for g in new:
             batch.cancelled_groups[g] = reason
+            self.failure_cancels.discard((batch_id, g))
         for job_id, job in batch.jobs.items():
             if job.cancel is None and not job.always_run and job.group in new:
                 self._unindex(batch_id, batch, job_id, job)
                 job.cancel = reason
                 self._index(batch_id, batch, job_id, job)
 
-    def _start(self, batch_id: int, job_id: int, attempt_id: str, instance: str) -> None:
+    def _start(self, batch_id: int, job_id: int, attempt_id: str, instance: str, *,
+               started: bool) -> None:
+        """SJ (``started`` False) or MJS (True) of an attempt."""
         batch = self.batches.get(batch_id)
         job = None if batch is None else batch.jobs.get(job_id)
-        if batch is None or job is None or job.state != READY:
-            return  # duplicates, MJS after SJ, and jobs not (yet) Ready change nothing
+        if batch is None or job is None:
+            return
+        if job.state == RUNNING and started and job.attempt_id == attempt_id:
+            job.started = True  # the MJS that follows the current attempt's SJ
+            return
+        if job.state != READY:
+            return  # duplicates, other attempts and jobs not (yet) Ready change nothing
         self._unindex(batch_id, batch, job_id, job)
         job.state, job.attempt_id, job.instance = RUNNING, attempt_id, instance
+        job.started = started
         job.n_attempts += 1
         inst = self.instances.get(instance)
         if inst is not None:
             inst.used_mcpu += job.cores_mcpu
+            inst.attempts[(batch_id, job_id)] = attempt_id
         self._index(batch_id, batch, job_id, job)
 
-    def _release(self, job: Job) -> None:
+    def _release(self, batch_id: int, job_id: int, job: Job) -> None:
         """The current attempt stops holding its instance's cores."""
         inst = None if job.instance is None else self.instances.get(job.instance)
-        if inst is not None:
+        # An instance re-created under the same name never held this attempt.
+        if inst is not None and inst.attempts.pop((batch_id, job_id), None) is not None:
             inst.used_mcpu -= job.cores_mcpu
         job.attempt_id = job.instance = None
+        job.started = False
 
     def _lost(self, event: AttemptLost) -> None:
         batch = self.batches.get(event.batch_id)
@@ -331,14 +388,14 @@ class SchedulerState:
                 job.attempt_id != event.attempt_id):
             return
         if job.n_attempts >= job.n_max_attempts:
-            self._end(event.batch_id, event.job_id, False)
+            self._end(event.batch_id, event.job_id, "Error")
             return
         self._unindex(event.batch_id, batch, event.job_id, job)
-        self._release(job)
+        self._release(event.batch_id, event.job_id, job)
         job.state = READY
         self._index(event.batch_id, batch, event.job_id, job)
 
-    def _end(self, batch_id: int, job_id: int, succeeded: bool) -> None:
+    def _end(self, batch_id: int, job_id: int, state: CompletedJobState) -> None:
         """A live job ended: it leaves memory and releases its waiting children."""
         batch = self.batches.get(batch_id)
         job = None if batch is None else batch.jobs.pop(job_id, None)
@@ -346,7 +403,10 @@ class SchedulerState:
             return  # unknown, uncommitted or already ended: later MJCs are no-ops
         self._unindex(batch_id, batch, job_id, job)
         if job.state == RUNNING:
-            self._release(job)
+            self._release(batch_id, job_id, job)
+        succeeded = state == "Success"
+        if state in ("Failed", "Error"):
+            self._count_failure(batch_id, batch, job.group)
         if job_id >= len(batch.done):
             batch.done.extend(bytes(max(job_id + 1, 2 * len(batch.done)) - len(batch.done)))
         batch.done[job_id] = _SUCCEEDED if succeeded else _UNSUCCESSFUL
@@ -361,14 +421,25 @@ class SchedulerState:
                 child.state = READY
                 self._index(batch_id, batch, child_id, child)
 
-    def _park(self, batch_id: int, job_id: int) -> None:
-        batch = self.batches.get(batch_id)
-        job = None if batch is None else batch.jobs.get(job_id)
-        if batch is None or job is None or job.parked:
+    def _count_failure(self, batch_id: int, batch: Batch, group: int) -> None:
+        """One more failed job in ``group`` and each of its ancestors up to the batch."""
+        limits = batch.failure_limits
+        if not limits:
             return
-        self._unindex(batch_id, batch, job_id, job)
-        job.parked = True
-        self._index(batch_id, batch, job_id, job)
+        g: int | None = group
+        while g is not None:
+            limit = limits.get(g)
+            if limit is not None:
+                n = batch.n_failures[g] = batch.n_failures.get(g, 0) + 1
+                if n >= limit and g not in batch.cancelled_groups:
+                    self.failure_cancels.add((batch_id, g))
+            g = None if g == 0 else batch.group_parent.get(g, 0)
+
+    def _unschedulable(self, batch_id: int, job_id: int) -> None:
+        """A Ready job no worker can ever hold ends in Error (reported, never silently stuck)."""
+        job = self.job(batch_id, job_id)
+        if job is not None and job.state == READY:
+            self._end(batch_id, job_id, "Error")
 
     # --- queues and fair-share counters: every change is unindex(old) + index(new) -----------
     def _index(self, batch_id: int, batch: Batch, job_id: int, job: Job) -> None:
@@ -387,7 +458,7 @@ class SchedulerState:
         key = (user, job.inst_coll)
         if job.state == RUNNING:
             _bump(self.running_mcpu, key, sign * job.cores_mcpu)
-        elif not job.parked:
+        else:
             _toggle(_queue(self.ready, key), batch_id, job_id, sign)
             _bump(self.ready_mcpu, key, sign * job.cores_mcpu)
 

@@ -1,6 +1,6 @@
-"""One pure scheduling step and the canceller's pick, over a :class:`SchedulerState`.
+"""One pure scheduling step and the cancellers' picks, over a :class:`SchedulerState`.
 
-Neither function changes the state: they return events (and kills) for the caller to publish;
+No function here changes the state: they return events (and kills) for the caller to publish;
 the state learns of them when it folds them back from the log. The attempt ids are injected, so
 a step is deterministic given the state, the tiers and the id generator.
 
@@ -31,6 +31,7 @@ from typing import Final, NamedTuple
 from core.fair_share import UserDemand, fair_share
 from core.policy import REASON_NO_FIT, REASON_REGION, FairSharePlugin, FitPlugin, Tiers
 from core.scheduler_state import READY, RUNNING, SchedulerState
+from schemas.batch import BatchCancelled, JobGroupCancelled
 from schemas.execution import JobCancelled, JobScheduled, JobUnschedulable
 
 CANCEL_SHARE_TOTAL: Final = 300
@@ -232,3 +233,22 @@ def cancellations(state: SchedulerState, max_jobs: int = CANCEL_SHARE_TOTAL, *,
             elif job.state == RUNNING and job.attempt_id is not None and job.instance:
                 out.kills.append(Kill(batch_id, job_id, job.attempt_id, job.instance))
     return out
+
+
+def failure_cancellations(state: SchedulerState) -> list[BatchCancelled | JobGroupCancelled]:
+    """Cancel the batches and job groups that reached ``cancel_after_n_failures``.
+
+    The entries stay in ``state.failure_cancels`` until the cancellations are folded, so the
+    events are repeated on every call until then; folding them twice changes nothing.
+
+    Args:
+        state: The folded state (not changed).
+
+    Returns:
+        ``batch.cancelled`` for a batch (group 0), ``job_group.cancelled`` for another group,
+        with reason ``n_failures``, in (batch id, group id) order.
+
+    """
+    return [BatchCancelled(batch_id=b, reason="n_failures") if g == 0 else
+            JobGroupCancelled(batch_id=b, job_group_id=g, reason="n_failures")
+            for b, g in sorted(state.failure_cancels)]

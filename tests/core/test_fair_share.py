@@ -123,6 +123,21 @@ def test_autoscaler_shares() -> None:
     assert autoscaler_shares({}) == {}
 
 
+@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=2), st.integers(0, 10**7),
+                       max_size=8))
+def test_autoscaler_shares_are_proportional(allocations: dict[str, int]) -> None:
+    shares = autoscaler_shares(allocations)
+    positive = {u for u, a in allocations.items() if a > 0}
+    assert shares.keys() == positive
+    assert all(s >= 1 for s in shares.values())
+    # Rounding moves each share by at most half, the floor of 1 by at most one more.
+    assert not positive or abs(sum(shares.values()) - 300) <= len(positive)
+    for u in positive:
+        for v in positive:
+            if allocations[u] >= allocations[v]:
+                assert shares[u] >= shares[v]
+
+
 @dataclass(frozen=True)
 class Job:
     cores_mcpu: int

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.job_queue import JobQueue
 from core.projection.commit import CommitJob, initial_states
 from core.scheduler_state import (
     PENDING,
     READY,
     RUNNING,
-    JobQueue,
     SchedulerState,
     evolve,
     fold,
@@ -50,13 +50,17 @@ from schemas.infra import (
 # --- event builders (shared with test_scheduling) ---------------------------------------------
 
 
-def created(b: int, user: str = "alice") -> BatchCreated:
-    return BatchCreated(batch_id=b, user=user, billing_project="p", token=f"t{b}")
+def created(b: int, user: str = "alice", n_failures: int | None = None) -> BatchCreated:
+    return BatchCreated(batch_id=b, user=user, billing_project="p", token=f"t{b}",
+                        cancel_after_n_failures=n_failures)
 
 
-def groups(b: int, u: int, *pairs: tuple[int, int]) -> JobGroupsSubmitted:
+def groups(b: int, u: int, *pairs: tuple[int, int],
+           limits: dict[int, int | None] | None = None) -> JobGroupsSubmitted:
+    limits = limits or {}
     return JobGroupsSubmitted(batch_id=b, update_id=u, job_groups=[
-        JobGroupRecord(job_group_id=g, parent_id=p) for g, p in pairs])
+        JobGroupRecord(job_group_id=g, parent_id=p, cancel_after_n_failures=limits.get(g))
+        for g, p in pairs])
 
 
 def jr(job_id: int, parents: Sequence[int] = (), *, cores: int = 1000, ic: str = "standard",
@@ -109,13 +113,12 @@ def at_epoch(event: AnyEvent, epoch: int, n: int = 0) -> Envelope:
 
 
 def where(state: SchedulerState) -> dict[tuple[int, int], str]:
-    """Every live job's state, with ``+cancel`` / ``+parked`` marks."""
+    """Every live job's state, with a ``+cancel`` mark."""
     names = {PENDING: "Pending", READY: "Ready", RUNNING: "Running"}
     out = {}
     for b, batch in state.batches.items():
         for j, job in batch.jobs.items():
-            out[(b, j)] = names[job.state] + ("+cancel" if job.cancel else "") + (
-                "+parked" if job.parked else "")
+            out[(b, j)] = names[job.state] + ("+cancel" if job.cancel else "")
     return out
 
 
@@ -126,19 +129,24 @@ def check_invariants(state: SchedulerState) -> None:
     ready_mcpu: dict[tuple[str, str], int] = defaultdict(int)
     running_mcpu: dict[tuple[str, str], int] = defaultdict(int)
     used: dict[str, int] = defaultdict(int)
+    attempts: dict[str, dict[tuple[int, int], str]] = defaultdict(dict)
     for b, batch in sorted(state.batches.items()):
         for j, job in sorted(batch.jobs.items()):
             key = (batch.user, job.inst_coll)
             assert (job.state == PENDING) == (job.n_pending > 0)
+            assert (job.state == RUNNING) == (job.attempt_id is not None)
+            assert not job.started or job.state == RUNNING
             if job.state == RUNNING and job.instance in state.instances:
+                assert job.attempt_id is not None
                 used[job.instance] += job.cores_mcpu
+                attempts[job.instance][(b, j)] = job.attempt_id
             if job.state == PENDING:
                 continue
             if job.cancel is not None:
                 to_cancel[batch.user].append((b, j))
             elif job.state == RUNNING:
                 running_mcpu[key] += job.cores_mcpu
-            elif not job.parked:
+            else:
                 ready[key].append((b, j))
                 ready_mcpu[key] += job.cores_mcpu
     assert {k: list(q) for k, q in state.ready.items() if len(q)} == dict(ready)
@@ -147,6 +155,12 @@ def check_invariants(state: SchedulerState) -> None:
     assert state.running_mcpu == {k: v for k, v in running_mcpu.items() if v}
     for name, inst in state.instances.items():
         assert inst.used_mcpu == used[name], name
+        assert inst.attempts == attempts[name], name
+        assert state.running_on(name) == sorted((b, j, a) for (b, j), a in attempts[name].items())
+    for b, g in state.failure_cancels:
+        batch = state.batches[b]
+        assert g not in batch.cancelled_groups
+        assert batch.n_failures[g] >= batch.failure_limits[g]
 
 
 # --- table-driven cases -----------------------------------------------------------------------
@@ -202,11 +216,11 @@ CASES: list[tuple[str, list[AnyEvent], dict[tuple[int, int], str]]] = [
      [*BASE, submitted(1, 1, jr(1), jr(2, [1])), committed(1, 1),
       JobCancelled(batch_id=1, job_id=1, reason="user")],
      {(1, 2): "Ready+cancel"}),
-    ("a permanently unschedulable job is parked",
-     [*BASE, submitted(1, 1, jr(1), jr(2)), committed(1, 1),
+    ("a permanently unschedulable job ends (in Error); its children see a failed parent",
+     [*BASE, submitted(1, 1, jr(1), jr(2), jr(3, [1])), committed(1, 1),
       JobUnschedulable(batch_id=1, job_id=1, reason="too big", permanent=True),
       JobUnschedulable(batch_id=1, job_id=2, reason="not now")],
-     {(1, 1): "Ready+parked", (1, 2): "Ready"}),
+     {(1, 2): "Ready", (1, 3): "Ready+cancel"}),
     ("events of unknown batches are ignored",
      [sj(9, 1), mjc(9, 1), committed(9, 1), BatchCancelled(batch_id=9)], {}),
 ]
@@ -224,13 +238,153 @@ def test_instance_cores_follow_attempts() -> None:
     state = fold([*BASE, submitted(1, 1, jr(1, cores=1500), jr(2, cores=500)), committed(1, 1),
                   sj(1, 1), sj(1, 2, "b1")])
     assert state.instances["i1"].free_mcpu == 2000
-    for event in [mjc(1, 1), lost(1, 2, "b1")]:
+    ends: list[AnyEvent] = [mjc(1, 1), lost(1, 2, "b1")]
+    for event in ends:
         state.apply(event)
     assert state.instances["i1"].free_mcpu == 4000
     state.apply(InstanceDeactivated(instance_name="i1", reason="idle"))
     assert not state.instances["i1"].active
     state.apply(InstanceDeleted(instance_name="i1", reason="idle"))
     assert "i1" not in state.instances
+
+
+STARTED_BASE: list[AnyEvent] = [*BASE, submitted(1, 1, jr(1)), committed(1, 1)]
+
+STARTED_CASES: list[tuple[str, list[AnyEvent], str, bool]] = [
+    ("SJ alone: scheduled, not started", [sj(1, 1)], "Running", False),
+    ("MJS of the current attempt after SJ", [sj(1, 1), mjs(1, 1)], "Running", True),
+    ("MJS that moves a Ready job to Running", [mjs(1, 1)], "Running", True),
+    ("SJ after the MJS of the same attempt changes nothing", [mjs(1, 1), sj(1, 1)], "Running",
+     True),
+    ("MJS of another attempt", [sj(1, 1, "a2"), mjs(1, 1, "a1")], "Running", False),
+    ("a lost attempt resets it", [sj(1, 1), mjs(1, 1), lost(1, 1)], "Ready", False),
+    ("the next attempt starts unstarted", [sj(1, 1), mjs(1, 1), lost(1, 1), sj(1, 1, "a2")],
+     "Running", False),
+    ("the next attempt's MJS", [sj(1, 1), mjs(1, 1), lost(1, 1), sj(1, 1, "a2"),
+                                mjs(1, 1, "a2")], "Running", True),
+    ("a late MJS of the lost attempt does not start the new one",
+     [sj(1, 1), lost(1, 1), sj(1, 1, "a2"), mjs(1, 1, "a1")], "Running", False),
+]
+
+
+@pytest.mark.parametrize(("events", "expected_state", "started"),
+                         [c[1:] for c in STARTED_CASES], ids=[c[0] for c in STARTED_CASES])
+def test_started_follows_the_current_attempt(events: list[AnyEvent], expected_state: str,
+                                             started: bool) -> None:
+    state = fold([*STARTED_BASE, *events])
+    job = state.job(1, 1)
+    assert job is not None
+    assert where(state)[(1, 1)] == expected_state
+    assert job.started is started
+    check_invariants(state)
+
+
+def test_running_on_lists_the_attempts_of_an_instance() -> None:
+    state = fold([*BASE, *instance("i2"), submitted(1, 1, jr(1), jr(2), jr(3)), committed(1, 1),
+                  sj(1, 2, "b2"), mjs(1, 1, "b1"), sj(1, 3, "b3", inst="i2")])
+    assert state.running_on("i1") == [(1, 1, "b1"), (1, 2, "b2")]
+    assert state.running_on("i2") == [(1, 3, "b3")]
+    assert state.running_on("nowhere") == []
+    state.apply(mjc(1, 1, attempt="b1"))
+    state.apply(lost(1, 3, "b3", "i2"))
+    assert state.running_on("i1") == [(1, 2, "b2")]
+    assert state.running_on("i2") == []
+    check_invariants(state)
+
+
+def test_deleting_an_instance_leaves_its_attempts_running_until_lost() -> None:
+    state = fold([*BASE, submitted(1, 1, jr(1)), committed(1, 1), sj(1, 1),
+                  InstanceDeleted(instance_name="i1", reason="lost")])
+    assert where(state) == {(1, 1): "Running"} and state.running_on("i1") == []
+    state.apply(lost(1, 1))
+    assert where(state) == {(1, 1): "Ready"}
+    check_invariants(state)
+
+
+def test_a_recreated_instance_name_is_not_charged_for_old_attempts() -> None:
+    state = fold([*BASE, submitted(1, 1, jr(1)), committed(1, 1), sj(1, 1),
+                  InstanceDeleted(instance_name="i1", reason="lost"), *instance("i1")])
+    state.apply(lost(1, 1))
+    assert state.instances["i1"].used_mcpu == 0
+
+
+def test_deactivated_instances_are_told_apart_from_new_ones() -> None:
+    state = fold([InstanceRequested(instance_name="i1", inst_coll="standard", machine_type="n1",
+                                    region="us", cores_mcpu=4000, preemptible=True)])
+    inst = state.instances["i1"]
+    assert (inst.active, inst.deactivated) == (False, False)  # being created
+    state.apply(InstanceActivated(instance_name="i1", address="x", cores_mcpu=4000))
+    assert (inst.active, inst.deactivated) == (True, False)
+    state.apply(InstanceDeactivated(instance_name="i1", reason="idle"))
+    assert (inst.active, inst.deactivated) == (False, True)
+
+
+# --- cancel_after_n_failures ----------------------------------------------------------------------
+
+# Groups: 1 under the batch, 2 under 1, 3 under the batch.
+TREE = [(1, 0), (2, 1), (3, 0)]
+
+
+def failing(*records: JobRecord, batch_limit: int | None = None,
+            limits: dict[int, int | None] | None = None) -> list[AnyEvent]:
+    return [created(1, n_failures=batch_limit), *instance("i1", cores=64_000),
+            groups(1, 1, *TREE, limits=limits), submitted(1, 1, *records), committed(1, 1)]
+
+
+def ended(j: int, state: CompletedJobState) -> list[AnyEvent]:
+    return [sj(1, j, f"a{j}"), mjc(1, j, state, f"a{j}")]
+
+
+FAILURE_CASES: list[tuple[str, list[AnyEvent], set[tuple[int, int]], dict[int, int]]] = [
+    ("below the batch's limit",
+     [*failing(jr(1), jr(2), batch_limit=2), *ended(1, "Failed")], set(), {0: 1}),
+    ("Failed and Error reach the batch's limit",
+     [*failing(jr(1), jr(2), batch_limit=2), *ended(1, "Failed"), *ended(2, "Error")],
+     {(1, 0)}, {0: 2}),
+    ("Success, Cancelled and job.cancelled do not count",
+     [*failing(jr(1), jr(2), jr(3), batch_limit=1), *ended(1, "Success"),
+      *ended(2, "Cancelled"), JobCancelled(batch_id=1, job_id=3, reason="user")], set(), {}),
+    ("a lost last attempt ends in Error and counts",
+     [*failing(jr(1, n_max=1), batch_limit=1), sj(1, 1), lost(1, 1)], {(1, 0)}, {0: 1}),
+    ("a lost attempt that is retried does not count",
+     [*failing(jr(1, n_max=2), batch_limit=1), sj(1, 1), lost(1, 1)], set(), {}),
+    ("a failure counts in its group and every ancestor",
+     [*failing(jr(1, group=2), batch_limit=1, limits={1: 1, 2: 1, 3: 1}), *ended(1, "Failed")],
+     {(1, 0), (1, 1), (1, 2)}, {0: 1, 1: 1, 2: 1}),
+    ("sibling groups count apart",
+     [*failing(jr(1, group=3), jr(2, group=1), limits={1: 2, 3: 2}), *ended(1, "Failed"),
+      *ended(2, "Failed")], set(), {1: 1, 3: 1}),
+    ("cancelling the group folds the entry away",
+     [*failing(jr(1, group=1), limits={1: 1}), *ended(1, "Failed"),
+      JobGroupCancelled(batch_id=1, job_group_id=1, reason="n_failures")], set(), {1: 1}),
+    ("cancelling the batch folds every entry of the batch away",
+     [*failing(jr(1, group=2), batch_limit=1, limits={2: 1}), *ended(1, "Failed"),
+      BatchCancelled(batch_id=1, reason="n_failures")], set(), {0: 1, 2: 1}),
+    ("cancelling an ancestor folds a descendant's entry away",
+     [*failing(jr(1, group=2), limits={2: 1}), *ended(1, "Failed"),
+      JobGroupCancelled(batch_id=1, job_group_id=1)], set(), {2: 1}),
+    ("a group that is already cancelled is not cancelled again",
+     [*failing(jr(1, group=1, always_run=True), limits={1: 1}),
+      JobGroupCancelled(batch_id=1, job_group_id=1), *ended(1, "Failed")], set(), {1: 1}),
+    ("failures past the limit keep one entry",
+     [*failing(jr(1), jr(2), jr(3), batch_limit=1), *ended(1, "Failed"), *ended(2, "Failed")],
+     {(1, 0)}, {0: 2}),
+]
+
+
+@pytest.mark.parametrize(("events", "expected", "counts"), [c[1:] for c in FAILURE_CASES],
+                         ids=[c[0] for c in FAILURE_CASES])
+def test_cancel_after_n_failures(events: list[AnyEvent], expected: set[tuple[int, int]],
+                                 counts: dict[int, int]) -> None:
+    state = fold(events)
+    assert state.failure_cancels == expected
+    assert state.batches[1].n_failures == counts
+    check_invariants(state)
+
+
+def test_failure_counts_take_part_in_equality() -> None:
+    events = failing(jr(1), batch_limit=1)
+    assert fold([*events, *ended(1, "Failed")]) != fold([*events, *ended(1, "Success")])
 
 
 def test_a_stale_epoch_sj_is_ignored() -> None:
@@ -325,14 +479,22 @@ class Sim:
         self.group_of: dict[tuple[int, int], int] = {}
         self.group_parent: dict[tuple[int, int], int] = {}
         self.cancelled_groups: set[tuple[int, int]] = set()
+        self.limits: dict[tuple[int, int], int] = {}
+        self.n_failed: dict[tuple[int, int], int] = {}
+        self.failure_cancels: set[tuple[int, int]] = set()
+        self.mjs_seen: set[tuple[int, int, str]] = set()
+        """MJS folded for an attempt that was current then, and not lost since."""
         self.updates: list[tuple[int, int]] = []
         for name, region in [("i1", "us"), ("i2", "eu"), ("i3", "us")]:
             for e in instance(name, region=region, cores=data.draw(st.sampled_from(
                     [1000, 2000, 4000]))):
                 self.emit(e)
         for b in range(1, n_batches + 1):
-            self.emit(created(b, data.draw(st.sampled_from(["alice", "bob"]))))
-            self.emit(groups(b, 1, (1, 0), (2, 1)))
+            limit = st.sampled_from([None, 1, 2, 3])
+            limits = {g: data.draw(limit) for g in (0, 1, 2)}
+            self.limits |= {(b, g): n for g, n in limits.items() if n is not None}
+            self.emit(created(b, data.draw(st.sampled_from(["alice", "bob"])), limits[0]))
+            self.emit(groups(b, 1, (1, 0), (2, 1), limits=limits))
             self.group_parent |= {(b, 1): 0, (b, 2): 1}
             next_id = 1
             for u in (1, 2):
@@ -356,17 +518,50 @@ class Sim:
         self.log.append(event)
         self.state.apply(event)
         inner = event.event if isinstance(event, Envelope) else event
-        if isinstance(inner, JobCompleted | JobCancelled | AttemptLost):
+        if isinstance(inner, JobCompleted | JobCancelled | AttemptLost | JobUnschedulable):
             key = (inner.batch_id, inner.job_id)
             if key not in self.ended and self.state.job(*key) is None and key in self.parents:
-                state = inner.state if isinstance(inner, JobCompleted) else "Cancelled"
-                self.ended[key] = state if not isinstance(inner, AttemptLost) else "Error"
+                state = (inner.state if isinstance(inner, JobCompleted) else
+                         "Cancelled" if isinstance(inner, JobCancelled) else "Error")
+                self.ended[key] = state
+                if self.ended[key] in ("Failed", "Error"):
+                    self.count_failure(key)
+        if isinstance(inner, AttemptLost):
+            self.mjs_seen.discard((inner.batch_id, inner.job_id, inner.attempt_id))
+        if isinstance(inner, JobStarted):
+            job = self.state.job(inner.batch_id, inner.job_id)
+            if job is not None and job.attempt_id == inner.attempt_id:
+                self.mjs_seen.add((inner.batch_id, inner.job_id, inner.attempt_id))
+        if isinstance(inner, BatchCancelled | JobGroupCancelled):
+            g = inner.job_group_id if isinstance(inner, JobGroupCancelled) else 0
+            self.cancelled_groups.add((inner.batch_id, g))
+            self.failure_cancels = {k for k in self.failure_cancels if not self.under_cancel(*k)}
+
+    def ancestry(self, b: int, g: int) -> list[int]:
+        """``g`` and its ancestors up to the batch (group 0)."""
+        out = [g]
+        while g != 0:
+            g = self.group_parent[(b, g)]
+            out.append(g)
+        return out
+
+    def under_cancel(self, b: int, g: int) -> bool:
+        return any((b, a) in self.cancelled_groups for a in self.ancestry(b, g))
+
+    def count_failure(self, key: tuple[int, int]) -> None:
+        b = key[0]
+        for g in self.ancestry(b, self.group_of[key]):
+            if (b, g) in self.limits:
+                n = self.n_failed[(b, g)] = self.n_failed.get((b, g), 0) + 1
+                if n >= self.limits[(b, g)] and not self.under_cancel(b, g):
+                    self.failure_cancels.add((b, g))
 
     def live(self, code: int) -> list[tuple[int, int]]:
         return sorted(k for k in where_codes(self.state) if where_codes(self.state)[k] == code)
 
     def step(self) -> None:
-        kinds = ["sj", "mjs", "mjc", "lost", "cancel_group", "cancel_job", "elect", "dup"]
+        kinds = ["sj", "mjs", "started", "mjc", "lost", "cancel_group", "cancel_job", "elect",
+                 "dup"]
         if self.updates:
             kinds.append("commit")
         kind = self.data.draw(st.sampled_from(kinds))
@@ -386,6 +581,11 @@ class Sim:
             inst = self.data.draw(st.sampled_from(fits))
             event = (sj if kind == "sj" else mjs)(b, j, f"a{n}", inst)
             self.emit(at_epoch(event, self.state.epoch, n) if kind == "sj" else event)
+        elif kind == "started" and running:
+            b, j = self.data.draw(st.sampled_from(running))
+            job = self.state.job(b, j)
+            assert job is not None and job.attempt_id and job.instance
+            self.emit(mjs(b, j, job.attempt_id, job.instance))
         elif kind in ("mjc", "lost") and running:
             b, j = self.data.draw(st.sampled_from(running))
             job = self.state.job(b, j)
@@ -399,7 +599,6 @@ class Sim:
             b, g = self.data.draw(st.sampled_from([(1, 0), (1, 1), (1, 2), (2, 1)]))
             self.emit(JobGroupCancelled(batch_id=b, job_group_id=g) if g else
                       BatchCancelled(batch_id=b))
-            self.cancelled_groups.add((b, g))
         elif kind == "cancel_job" and ready:
             b, j = self.data.draw(st.sampled_from(ready))
             self.emit(JobCancelled(batch_id=b, job_id=j, reason="user"))
@@ -410,6 +609,9 @@ class Sim:
 
     def check(self) -> None:
         check_invariants(self.state)
+        assert self.state.failure_cancels == self.failure_cancels
+        for b, batch in self.state.batches.items():
+            assert batch.n_failures == {g: n for (bb, g), n in self.n_failed.items() if bb == b}
         for (b, j), job in ((k, self.state.job(*k)) for k in self.parents):
             if job is None:
                 continue
@@ -423,6 +625,8 @@ class Sim:
                 g = self.group_parent.get((b, g))
             expected = not self.always_run[(b, j)] and (failed or under_cancel)
             assert (job.cancel is not None) == expected, (b, j)
+            assert job.started == (job.state == RUNNING and (
+                b, j, job.attempt_id) in self.mjs_seen), (b, j)
 
 
 def where_codes(state: SchedulerState) -> dict[tuple[int, int], int]:

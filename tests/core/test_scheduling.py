@@ -16,8 +16,8 @@ from core.policy import (
 )
 from core.priority import REASON_ACTIVE_CORES, UserPriority
 from core.scheduler_state import READY, SchedulerState, fold
-from core.scheduling import Kill, cancel_shares, cancellations, schedule
-from schemas.batch import BatchCancelled
+from core.scheduling import Kill, cancel_shares, cancellations, failure_cancellations, schedule
+from schemas.batch import BatchCancelled, JobGroupCancelled, JobRecord
 from schemas.events import AnyEvent
 from schemas.execution import JobScheduled
 from schemas.infra import InstanceDeactivated
@@ -27,8 +27,10 @@ from tests.core.test_scheduler_state import (
     check_invariants,
     committed,
     created,
+    groups,
     instance,
     jr,
+    mjc,
     sj,
     submitted,
 )
@@ -86,7 +88,7 @@ def test_running_cores_lower_a_users_share() -> None:
     ([jr(1, ic="highmem")], instance("i1"), [], {(1, 1): (REASON_NO_INSTANCES,)}),
 ], ids=["region", "region-matches", "backfill", "no-instances", "inactive", "too-big",
         "other-coll"])
-def test_placement(jobs: list, instances: list[AnyEvent],
+def test_placement(jobs: list[JobRecord], instances: list[AnyEvent],
                    expected_placed: list[tuple[int, int, str]],
                    expected_reasons: dict[tuple[int, int], tuple[str, ...]]) -> None:
     state = fold([created(1), submitted(1, 1, *jobs), committed(1, 1), *instances])
@@ -156,6 +158,27 @@ def test_cancellations_share_fairly() -> None:
     assert per_batch == {1: 299, 2: 5}
 
 
+def test_failure_cancellations_cancel_groups_that_reached_their_limit() -> None:
+    events: list[AnyEvent] = [
+        created(2, n_failures=1), created(1), *instance("i1", cores=16_000),
+        groups(1, 1, (1, 0), (2, 0), limits={1: 1, 2: 5}),
+        submitted(1, 1, jr(1, group=1), jr(2, group=1), jr(3, group=2)), committed(1, 1),
+        submitted(2, 1, jr(1)), committed(2, 1)]
+    events += [sj(2, 1, "x"), mjc(2, 1, "Error", "x"), sj(1, 1), mjc(1, 1, "Failed"),
+               sj(1, 3, "a3"), mjc(1, 3, "Failed", "a3")]
+    state = fold(events)
+    picked = failure_cancellations(state)
+    assert picked == [JobGroupCancelled(batch_id=1, job_group_id=1, reason="n_failures"),
+                      BatchCancelled(batch_id=2, reason="n_failures")]
+    assert failure_cancellations(state) == picked  # repeated until folded
+    for event in picked:
+        state.apply(event)
+    assert failure_cancellations(state) == []
+    job = state.job(1, 2)
+    assert job is not None and job.cancel == "n_failures"
+    check_invariants(state)
+
+
 # --- properties over random legal histories ------------------------------------------------------
 
 @settings(max_examples=150, deadline=None)
@@ -176,9 +199,8 @@ def test_steps_over_random_histories(data: st.DataObject) -> None:
         for e in d.scheduled:
             job = state.job(e.batch_id, e.job_id)
             batch = state.batches[e.batch_id]
-            # only Ready, not cancelled, not parked, committed jobs are placed
+            # only Ready, not cancelled, committed jobs are placed
             assert job is not None and job.state == READY and job.cancel is None
-            assert not job.parked
             assert (e.batch_id, e.job_id) in state.ready[(batch.user, job.inst_coll)]
             inst = state.instances[e.instance_name]
             assert inst.active and inst.inst_coll == job.inst_coll
@@ -187,8 +209,8 @@ def test_steps_over_random_histories(data: st.DataObject) -> None:
             used[e.instance_name] = used.get(e.instance_name, 0) + e.cores_mcpu
         assert all(used[n] <= before[n] for n in used)
         assert len({(e.batch_id, e.job_id) for e in d.scheduled}) == len(d.scheduled)
-        for e in d.unschedulable:
-            assert (job := state.job(e.batch_id, e.job_id)) is not None and job.cores_mcpu > 2000
+        for u in d.unschedulable:
+            assert (job := state.job(u.batch_id, u.job_id)) is not None and job.cores_mcpu > 2000
         sj_events: list[JobScheduled | AnyEvent] = [*d.scheduled, *d.unschedulable]
         for event in sj_events:
             sim.emit(at_epoch(event, state.epoch, next(counter)) if isinstance(
@@ -197,4 +219,7 @@ def test_steps_over_random_histories(data: st.DataObject) -> None:
         for event in cancellations(sim.state, data.draw(st.integers(1, 10)),
                                    min_per_user=1).cancelled:
             sim.emit(event)
+        for cancel in failure_cancellations(sim.state):
+            sim.emit(cancel)
+        assert not sim.state.failure_cancels
         sim.check()
