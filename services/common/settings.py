@@ -71,6 +71,24 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     log: LogSettings = msgspec.field(default_factory=LogSettings)
     db: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
     data_dir: str = "var"
+    # Shared storage roots (local directories for now): job specs, written by ingest and read by
+    # workers, and container logs, written by workers and read by ingest. None: under data_dir
+    # (see spec_root and log_root).
+    spec_dir: str | None = None
+    log_dir: str | None = None
+
+
+def spec_root(settings: Settings) -> str:
+    """The absolute root of the spec store: ``HS_SPEC_DIR``, default ``{data_dir}/specs``."""
+    return os.path.abspath(settings.spec_dir or os.path.join(settings.data_dir, "specs"))
+
+
+def log_root(settings: Settings) -> str:
+    """The absolute root of the container logs: ``HS_LOG_DIR``, default ``{data_dir}/job-logs``.
+
+    Not ``{data_dir}/logs``: the local stack keeps its processes' own logs there.
+    """
+    return os.path.abspath(settings.log_dir or os.path.join(settings.data_dir, "job-logs"))
 
 
 def parse_bool(value: str) -> bool:
@@ -134,6 +152,8 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         log=LogSettings(**pick_env(env, _LOG_ENV)),  # type: ignore[arg-type]
         db=DatabaseSettings(**pick_env(env, _DB_ENV)),  # type: ignore[arg-type]
         data_dir=env.get("HS_DATA_DIR", "var"),
+        spec_dir=env.get("HS_SPEC_DIR") or None,
+        log_dir=env.get("HS_LOG_DIR") or None,
     )
 
 PROJECTOR_CONSUMER = "projector"

@@ -1,4 +1,8 @@
-"""``python -m services.ingest [--port N]``: serve the REST API until stopped."""
+"""``python -m services.ingest [--port N]``: serve the REST API until stopped.
+
+Job specs are written under ``HS_SPEC_DIR`` (default ``{HS_DATA_DIR}/specs``); job logs are read
+from ``HS_LOG_DIR`` (default ``{HS_DATA_DIR}/logs``), where workers write them.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +17,13 @@ from aiohttp import web
 
 from core.resources import default_config
 from services.common.log import Publisher
-from services.common.settings import load_settings, projector_consumer
+from services.common.settings import load_settings, log_root, projector_consumer, spec_root
+from services.common.specstore import LocalSpecStore
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
 from services.ingest.commands import Commands
 from services.ingest.store import Store
+from services.worker.logstore import LocalLogStore
 
 
 async def serve(port: int) -> None:
@@ -27,8 +33,10 @@ async def serve(port: int) -> None:
     store = Store(engine, projector_consumer(settings.log))
     try:
         async with Publisher(settings.log) as publisher:
-            app = create_app(store, Commands(store, publisher, default_config()),
-                             Billing(store, publisher))
+            commands = Commands(store, publisher, default_config(),
+                                specs=LocalSpecStore(spec_root(settings)))
+            app = create_app(store, commands, Billing(store, publisher),
+                             logs=LocalLogStore(log_root(settings)))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -22,6 +22,7 @@ from services.ingest.billing import Billing
 from services.ingest.commands import Commands
 from services.ingest.reads import Reads
 from services.ingest.store import Store, User
+from services.worker.logstore import LogStore
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ COMMANDS = web.AppKey("commands", Commands)
 READS = web.AppKey("reads", Reads)
 STORE = web.AppKey("store", Store)
 BILLING = web.AppKey("billing", Billing)
-USER = "hs_user"
+USER = web.RequestKey("hs_user", User)
 VERSION = "0.2.139"
 _decoder = msgspec.json.Decoder()
 
@@ -288,13 +289,15 @@ async def supported_regions(request: web.Request) -> web.Response:
     return _json(["local"])
 
 
-def create_app(store: Store, commands: Commands, billing_: Billing) -> web.Application:
-    """The API over ``store`` (reads), ``commands`` and ``billing_`` (writes)."""
+def create_app(store: Store, commands: Commands, billing_: Billing, *,
+               logs: LogStore | None = None) -> web.Application:
+    """The API over ``store`` (reads), ``commands`` and ``billing_`` (writes); job logs come
+    from ``logs`` (none without it)."""
     app = web.Application(client_max_size=MAX_BODY,
                           middlewares=[errors, _auth(_TokenCache())])
     app[STORE] = store
     app[COMMANDS] = commands
-    app[READS] = Reads(store)
+    app[READS] = Reads(store, logs)
     app[BILLING] = billing_
     b = "/api/v1alpha/batches"
     app.router.add_routes([

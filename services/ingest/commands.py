@@ -3,11 +3,16 @@
 A command never touches projection tables. It reads them to validate (after read-your-writes,
 they reflect every write this client saw acknowledged), appends events for one batch in one
 ordered publish (one partition key), then waits, bounded, until the projector applied them.
+
+The specs of a ``JobsSubmitted`` bunch go to the :class:`SpecStore` before the event is
+published (a worker may be handed the job as soon as the event is read); if they cannot be
+stored the request fails with a 503 and nothing is published.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,7 +44,10 @@ from schemas.batch import (
 )
 from schemas.events import AnyEvent
 from services.common.log import Publisher
+from services.common.specstore import SpecStore
 from services.ingest.store import Store, User
+
+log = logging.getLogger(__name__)
 
 CANCELLED_BATCH = "Cannot submit new jobs or job groups to a cancelled batch"
 
@@ -48,15 +56,29 @@ class Commands:
     """The write side of the API."""
 
     def __init__(self, store: Store, publisher: Publisher, config: InstCollConfig,
-                 *, wait_s: float = 15.0) -> None:
+                 *, wait_s: float = 15.0, specs: SpecStore | None = None) -> None:
         self.store = store
         self.publisher = publisher
         self.config = config
         self.wait_s = wait_s
+        # None stores no specs (tests of the API alone): workers then need them inline.
+        self.specs = specs
         self._frozen_at: tuple[float, bool] = (-1e9, False)
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def _store_specs(self, batch_id: int, records: Sequence[JobRecord]) -> None:
+        """Write a bunch's specs to the spec store; 503 (nothing published) if that fails."""
+        if self.specs is None or not records:
+            return
+        try:
+            await asyncio.to_thread(self.specs.write_bunch, batch_id,
+                                    [(r.job_id, r.spec) for r in records])
+        except OSError as e:
+            log.exception("storing the specs of batch %d failed", batch_id)
+            raise Unavailable(f"could not store the job specs: {type(e).__name__}: {e}; "
+                              "try again") from e
 
     async def _append(self, events: Sequence[AnyEvent]) -> None:
         positions = await self.publisher.publish_many(list(events))
@@ -241,6 +263,7 @@ class Commands:
             events.append(JobGroupsSubmitted(batch_id=batch_id, update_id=update_id,
                                              job_groups=group_records))
         if job_recs:
+            await self._store_specs(batch_id, job_recs)
             events.append(JobsSubmitted(batch_id=batch_id, update_id=update_id, jobs=job_recs))
         events.append(UpdateCommitted(batch_id=batch_id, update_id=update_id, n_jobs=n_jobs,
                                       n_job_groups=n_groups))
@@ -309,6 +332,7 @@ class Commands:
             config=self.config, known_group=self._known_group(batch_id),
             is_developer=user.is_developer, batch_id=batch_id))
         if records:
+            await self._store_specs(batch_id, records)
             await self._append([JobsSubmitted(batch_id=batch_id, update_id=update_id,
                                               jobs=records)])
 

@@ -1,7 +1,9 @@
 """Read operations: projections -> the API's status shapes. Every read checks visibility.
 
 SQL lives in :mod:`services.ingest.store` and :mod:`services.ingest.query_sql`; this module only
-assembles responses (and the state rules come from :mod:`core.status`).
+assembles responses (and the state rules come from :mod:`core.status`). Container logs come from
+the :class:`LogStore` the workers write to (the shared log root); handlers call these methods in
+a worker thread, so reading a log file here never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from core.query import parse_batch_query, parse_job_query
 from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
 from services.ingest import query_sql
 from services.ingest.store import Store
+from services.worker.logstore import LogStore, valid_name
 
 _GROUP = (
     "SELECT g.job_group_id, g.attributes, g.state, g.time_created_ms, g.time_completed_ms, "
@@ -95,8 +98,10 @@ def attempt_entry(r: Any) -> dict[str, Any]:
 class Reads:
     """The read side of the API for one store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, logs: LogStore | None = None) -> None:
         self.store = store
+        # None: no log storage is reachable, so no job shows a log.
+        self.logs = logs
 
     def _batch_row(self, batch_id: int, user: str) -> Any:
         row = self.store.visible_batch(batch_id, user)
@@ -219,15 +224,28 @@ class Reads:
         rows = self.store.rows(_ATTEMPTS, b=batch_id, j=job_id)
         return [attempt_entry(r) for r in rows] or None
 
+    def _log_bytes(self, batch_id: int, job_id: int, attempt_id: str,
+                   container: str) -> bytes | None:
+        if self.logs is None or not valid_name(attempt_id):
+            return None
+        return self.logs.read(batch_id, job_id, attempt_id, container)
+
     def log(self, batch_id: int, job_id: int, user: str) -> dict[str, str | None]:
-        """The job's container logs. A job with no attempt has run nothing, so has no log;
-        log storage for attempts comes with the workers."""
+        """The job's container logs (text) of its latest attempt: ``main``, plus ``input`` /
+        ``output`` when the spec has files. A container without a log (the job has not run, or
+        not that far) is null."""
         job = self.job(batch_id, job_id, user)
-        out: dict[str, str | None] = {"main": None}
+        containers = ["main"]
         if job["spec"].get("input_files"):
-            out["input"] = None
+            containers.append("input")
         if job["spec"].get("output_files"):
-            out["output"] = None
+            containers.append("output")
+        attempt_id = self.store.latest_attempt_id(batch_id, job_id)
+        out: dict[str, str | None] = {}
+        for container in containers:
+            data = None if attempt_id is None else self._log_bytes(
+                batch_id, job_id, attempt_id, container)
+            out[container] = None if data is None else data.decode("utf-8", errors="replace")
         return out
 
     def resource_usage(self, batch_id: int, job_id: int, user: str) -> dict[str, Any]:
@@ -240,14 +258,20 @@ class Reads:
 
     def container_log(self, batch_id: int, job_id: int, container: str, user: str,
                       attempt_id: str | None) -> bytes:
-        """One container's raw log. Logs exist only for attempts that ran."""
+        """One container's raw log, of ``attempt_id`` or else of the latest attempt."""
         if container not in ("input", "main", "output"):
             raise BadRequest(f"unknown container {container!r}: expected input, main or output")
         attempts = self.attempts(batch_id, job_id, user) or []
         if attempt_id is not None and attempt_id not in {a["attempt_id"] for a in attempts}:
             raise NotFound(f"job {batch_id}.{job_id} has no attempt {attempt_id}")
-        raise NotFound(f"job {batch_id}.{job_id} has no {container} log: "
-                       + ("it has not run" if not attempts else "no log was stored"))
+        if not attempts:
+            raise NotFound(f"job {batch_id}.{job_id} has no {container} log: it has not run")
+        chosen = attempt_id or self.store.latest_attempt_id(batch_id, job_id)
+        data = None if chosen is None else self._log_bytes(batch_id, job_id, chosen, container)
+        if data is None:
+            raise NotFound(f"job {batch_id}.{job_id} has no {container} log: "
+                           f"none was stored for attempt {chosen}")
+        return data
 
     def require_int(self, value: str | None, what: str) -> int | None:
         if value is None or value == "":

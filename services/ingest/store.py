@@ -36,6 +36,13 @@ _SEQ_LOCK = sa.text("SELECT next_value FROM id_sequences WHERE name = :n FOR UPD
 _SEQ_BUMP = sa.text("UPDATE id_sequences SET next_value = next_value + :count WHERE name = :n")
 _APPLIED = sa.text("SELECT next_offset FROM applied_offsets WHERE consumer = :c AND topic = :t "
                    "AND kafka_partition = :p")
+# The attempt whose logs a job shows: the one the job row names (running, or the one that decided
+# its state), else the most recently started one, else one that never started.
+_LATEST_ATTEMPT = sa.text(
+    "SELECT a.attempt_id FROM attempts a JOIN jobs j ON j.batch_id = a.batch_id "
+    "AND j.job_id = a.job_id WHERE a.batch_id = :b AND a.job_id = :j "
+    "ORDER BY (a.attempt_id <=> j.attempt_id) DESC, a.start_time_ms IS NULL, "
+    "a.start_time_ms DESC, a.attempt_id DESC LIMIT 1")
 _VISIBLE = (
     "FROM batches b JOIN billing_project_users m ON m.billing_project = b.billing_project "
     "AND m.user = :user WHERE b.id = :b AND NOT b.deleted")
@@ -152,3 +159,9 @@ class Store:
             "m.billing_project = p.name AND m.user = :u) FROM billing_projects p "
             "WHERE p.name = :n", n=name, u=user)
         return None if row is None else (str(row[0]), bool(row[1]))
+
+    # --- attempts ---------------------------------------------------------------------------
+    def latest_attempt_id(self, batch_id: int, job_id: int) -> str | None:
+        """The attempt whose logs the job shows (see ``_LATEST_ATTEMPT``), None if it has none."""
+        row = self.one(_LATEST_ATTEMPT, b=batch_id, j=job_id)
+        return None if row is None else str(row[0])

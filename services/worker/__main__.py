@@ -7,7 +7,8 @@ Configured by the shared ``HS_*`` variables (the log) plus:
 | ``HS_WORKER_INSTANCE_NAME`` | the host name |
 | ``HS_WORKER_PORT`` | 5001 |
 | ``HS_WORKER_CORES_MCPU`` | 1000 per CPU |
-| ``HS_WORKER_LOG_DIR`` | ``{HS_DATA_DIR}/worker/{instance}/logs`` |
+| ``HS_WORKER_LOG_DIR`` | the shared log root: ``HS_LOG_DIR``, else ``{HS_DATA_DIR}/job-logs`` |
+| ``HS_WORKER_SPEC_DIR`` | the spec root: ``HS_SPEC_DIR``, else ``{HS_DATA_DIR}/specs`` |
 | ``HS_WORKER_HEARTBEAT_S`` | 60 |
 | ``HS_WORKER_REPORT_RETRY_S`` | 1 |
 | ``HS_WORKER_SHUTDOWN_REPORT_S`` | 10 |
@@ -25,7 +26,14 @@ import signal
 import socket
 from collections.abc import Mapping
 
-from services.common.settings import LogSettings, load_settings, pick_env
+from services.common.settings import (
+    LogSettings,
+    Settings,
+    load_settings,
+    log_root,
+    pick_env,
+    spec_root,
+)
 from services.worker.service import Worker, WorkerSettings
 
 _WORKER_ENV = {
@@ -33,6 +41,7 @@ _WORKER_ENV = {
     "HS_WORKER_PORT": ("port", int),
     "HS_WORKER_CORES_MCPU": ("cores_mcpu", int),
     "HS_WORKER_LOG_DIR": ("log_dir", str),
+    "HS_WORKER_SPEC_DIR": ("spec_dir", str),
     "HS_WORKER_HEARTBEAT_S": ("heartbeat_s", float),
     "HS_WORKER_REPORT_RETRY_S": ("report_retry_s", float),
     "HS_WORKER_SHUTDOWN_REPORT_S": ("shutdown_report_s", float),
@@ -43,13 +52,20 @@ _WORKER_ENV = {
 
 def load_worker_settings(env: Mapping[str, str] | None = None, *,
                          data_dir: str = "var") -> WorkerSettings:
-    """The worker's settings from ``HS_WORKER_*`` in ``env`` (default: the environment)."""
+    """The worker's settings from ``HS_WORKER_*`` in ``env`` (default: the environment).
+
+    Logs and specs default to the shared roots (``HS_LOG_DIR``, ``HS_SPEC_DIR``, else under
+    ``data_dir``), where ingest reads the logs and writes the specs.
+    """
     env = os.environ if env is None else env
     fields = pick_env(env, _WORKER_ENV)
-    name = str(fields.setdefault("instance_name", socket.gethostname()))
+    fields.setdefault("instance_name", socket.gethostname())
     fields.setdefault("port", 5001)
     fields.setdefault("cores_mcpu", 1000 * (os.cpu_count() or 1))
-    fields.setdefault("log_dir", os.path.join(data_dir, "worker", name, "logs"))
+    shared = Settings(data_dir=data_dir, spec_dir=env.get("HS_SPEC_DIR") or None,
+                      log_dir=env.get("HS_LOG_DIR") or None)
+    fields.setdefault("log_dir", log_root(shared))
+    fields.setdefault("spec_dir", spec_root(shared))
     return WorkerSettings(**fields)  # type: ignore[arg-type]
 
 

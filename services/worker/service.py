@@ -2,11 +2,15 @@
 
 HTTP on ``127.0.0.1:{port}`` (the scheduler dispatches and cancels; ingest reads logs):
 
-* ``POST /api/v1alpha/jobs`` with ``{batch_id, job_id, attempt_id, user, spec, cores_mcpu,
+* ``POST /api/v1alpha/jobs`` with ``{batch_id, job_id, attempt_id, user, spec?, cores_mcpu,
   resources?}`` starts the attempt in the background and answers 200 at once. It is idempotent
   by (batch_id, job_id, attempt_id) (invariant 7): a repeated delivery of a running or finished
   attempt is 200 ``{"attempt": "running" | "finished"}`` and starts nothing. 409 when the free
-  cores do not cover ``cores_mcpu``, 400 for a malformed body, 503 while shutting down.
+  cores do not cover ``cores_mcpu``, 400 for a malformed body (an inline ``spec`` included),
+  503 while shutting down. Without ``spec`` (how the scheduler dispatches), the attempt reads it
+  from the :class:`SpecStore` after its MJS. A spec that is not there, or that is there but
+  malformed, ends the attempt in an MJC ``Error`` saying so, not in a 400: ingest stored and
+  validated the spec before the job existed, so a dispatch again would fail the same way.
 * ``DELETE /api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}`` cancels the attempt: its process
   group is killed and its MJC says ``Cancelled``. 200 for a known (or finished) attempt, else 404.
 * ``GET /api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}/log/{container}``: the log's bytes
@@ -51,6 +55,7 @@ from schemas.execution import AttemptHeartbeat, JobStarted
 from schemas.infra import InstanceActivated
 from services.common.log import LogError, Publisher
 from services.common.settings import LogSettings
+from services.common.specstore import LocalSpecStore, SpecStore
 from services.worker.logstore import LocalLogStore, LogStore, LogWriter, valid_name
 from services.worker.runtime import (
     ContainerRuntime,
@@ -76,6 +81,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     port: int
     cores_mcpu: int
     log_dir: str
+    # The spec store's root, for dispatches without a spec (the shared HS_SPEC_DIR).
+    spec_dir: str = "var/specs"
     heartbeat_s: float = 60.0
     # First delay between attempts to publish an MJS/MJC; it doubles up to MAX_RETRY_S.
     report_retry_s: float = 1.0
@@ -92,7 +99,7 @@ class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
     job_id: int
     attempt_id: str
     user: str
-    spec: dict[str, Any]
+    spec: dict[str, Any] | None = None  # None: read it from the spec store
     cores_mcpu: Annotated[int, msgspec.Meta(ge=0)]
     resources: list[AttemptResource] = []
 
@@ -103,7 +110,7 @@ AttemptKey = tuple[int, int, str]
 @dataclass(eq=False)
 class _Attempt:
     job: JobRequest
-    request: RunRequest
+    request: RunRequest | None  # None until the spec is read from the spec store
     task: asyncio.Task[None] | None = None
     run: asyncio.Task[Outcome] | None = None  # the process, once started
     outcome: Outcome | None = None  # set when the process ended: its cores are free
@@ -119,11 +126,13 @@ class Worker:
     """The worker service, an async context manager (see the module docstring)."""
 
     def __init__(self, settings: WorkerSettings, log_settings: LogSettings, *,
-                 store: LogStore | None = None, runtime: ContainerRuntime | None = None,
+                 store: LogStore | None = None, specs: SpecStore | None = None,
+                 runtime: ContainerRuntime | None = None,
                  publisher: Publisher | None = None,
                  clock: Callable[[], int] = time_ms) -> None:
         self._settings = settings
         self._store = store or LocalLogStore(settings.log_dir)
+        self._specs = specs or LocalSpecStore(settings.spec_dir)
         self._runtime = runtime or LocalProcessRuntime(clock=clock)
         self._publisher = publisher or Publisher(log_settings)
         self._clock = clock
@@ -217,12 +226,12 @@ class Worker:
         if key in self._attempts or key in self._finished:
             state = "finished" if key in self._finished else "running"
             return web.json_response({"attempt": state})
-        try:
-            run_request = request_from_spec(job.spec, cwd=self._workdir(key), extra_env={
-                "HAIL_BATCH_ID": str(job.batch_id), "HAIL_JOB_ID": str(job.job_id),
-                "HAIL_ATTEMPT_ID": job.attempt_id})
-        except (KeyError, TypeError, ValueError) as e:
-            return _error(400, f"invalid job spec: {type(e).__name__}: {e}")
+        run_request = None
+        if job.spec is not None:
+            try:
+                run_request = self._run_request(job, job.spec)
+            except (KeyError, TypeError, ValueError) as e:
+                return _error(400, f"invalid job spec: {type(e).__name__}: {e}")
         free = self.free_mcpu
         if job.cores_mcpu > free:
             return _error(409, f"not enough free cores: the job needs {job.cores_mcpu} mCPU, "
@@ -268,13 +277,18 @@ class Worker:
                 batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
                 instance_name=self._settings.instance_name, start_time_ms=start,
                 resources=job.resources))
-            outcome, error = await self._execute(attempt)
+            spec, error = job.spec, None
+            if attempt.request is None and not attempt.cancel_requested:
+                spec, error = await self._load_spec(attempt)
+            outcome = None
+            if error is None:
+                outcome, error = await self._execute(attempt, spec or {})
             attempt.outcome = outcome if outcome is not None else Outcome(
                 state="Error", start_time_ms=start, end_time_ms=self._clock())
             if attempt.abandoned:
                 return
             doc = job_status(
-                spec=job.spec, outcomes={} if outcome is None else {"main": outcome},
+                spec=spec or {}, outcomes={} if outcome is None else {"main": outcome},
                 batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
                 user=job.user, worker=self._settings.instance_name,
                 region=self._settings.region, start_time_ms=start,
@@ -288,13 +302,42 @@ class Worker:
             if not attempt.abandoned:
                 self._remember(attempt.key)
 
-    async def _execute(self, attempt: _Attempt) -> tuple[Outcome | None, str | None]:
+    def _run_request(self, job: JobRequest, spec: Any) -> RunRequest:
+        """The main container of ``spec``; KeyError, TypeError or ValueError if malformed."""
+        if not isinstance(spec, dict):
+            raise TypeError(f"a job spec is a JSON object, not {type(spec).__name__}")
+        return request_from_spec(
+            spec, cwd=self._workdir((job.batch_id, job.job_id, job.attempt_id)), extra_env={
+                "HAIL_BATCH_ID": str(job.batch_id), "HAIL_JOB_ID": str(job.job_id),
+                "HAIL_ATTEMPT_ID": job.attempt_id})
+
+    async def _load_spec(self, attempt: _Attempt) -> tuple[dict[str, Any] | None, str | None]:
+        """Read the job's spec from the spec store and prepare its run: (spec, None), or
+        (None, the error the MJC reports)."""
+        job = attempt.job
+        what = f"job {job.batch_id}/{job.job_id}"
+        try:
+            text = await asyncio.to_thread(self._specs.read, job.batch_id, job.job_id)
+        except (OSError, ValueError) as e:  # ValueError: an undecodable bunch file
+            return None, f"worker error: cannot read the spec of {what}: {type(e).__name__}: {e}"
+        if text is None:
+            return None, f"spec of {what} not found in the spec store"
+        try:
+            spec = msgspec.json.decode(text)
+            attempt.request = self._run_request(job, spec)
+        except (KeyError, TypeError, ValueError) as e:  # msgspec.DecodeError is a ValueError
+            return None, f"invalid job spec of {what}: {type(e).__name__}: {e}"
+        return spec, None
+
+    async def _execute(self, attempt: _Attempt, spec: dict[str, Any]
+                       ) -> tuple[Outcome | None, str | None]:
         """Run the main container: its outcome, or None and a worker error."""
         job = attempt.job
         if attempt.cancel_requested:
             return self._never_started(), None
-        if job.spec.get("input_files") or job.spec.get("output_files"):
+        if spec.get("input_files") or spec.get("output_files"):
             return None, "input and output files are not supported by this worker yet"
+        assert attempt.request is not None
         workdir = Path(attempt.request.cwd)
         sink: LogWriter | None = None
         try:

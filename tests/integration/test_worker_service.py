@@ -28,6 +28,7 @@ from services.common.log import (
     bootstrap_topics,
 )
 from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings
+from services.common.specstore import LocalSpecStore
 from services.worker.__main__ import load_worker_settings
 from services.worker.runtime import time_ms
 from services.worker.service import Worker, WorkerSettings
@@ -58,10 +59,13 @@ class Env:
         self.events: list[Event] = []
         self.base = f"http://{worker.address}"
 
-    async def post(self, job_id: int, attempt_id: str, job_spec: dict[str, Any],
+    async def post(self, job_id: int, attempt_id: str, job_spec: dict[str, Any] | None,
                    cores_mcpu: int = 1000) -> tuple[int, dict[str, Any]]:
-        body = {"batch_id": BATCH, "job_id": job_id, "attempt_id": attempt_id, "user": "alice",
-                "spec": job_spec, "cores_mcpu": cores_mcpu}
+        """Dispatch an attempt; without ``job_spec`` the worker reads it from its spec store."""
+        body: dict[str, Any] = {"batch_id": BATCH, "job_id": job_id, "attempt_id": attempt_id,
+                                "user": "alice", "cores_mcpu": cores_mcpu}
+        if job_spec is not None:
+            body["spec"] = job_spec
         async with self.http.post(f"{self.base}/api/v1alpha/jobs", json=body) as r:
             return r.status, await r.json()
 
@@ -106,6 +110,7 @@ async def running(log_settings: LogSettings, tmp_path: Path, *,
     settings = WorkerSettings(**{
         "instance_name": "worker-1", "port": procs.free_port(), "cores_mcpu": 4000,
         "log_dir": str(tmp_path / "logs"), "scratch_dir": str(tmp_path / "scratch"),
+        "spec_dir": str(tmp_path / "specs"),
         "report_retry_s": 0.05, **overrides})
     options = ConsumerOptions(name="reader", topics=[TOPIC_BATCH, TOPIC_SCHEDULER], group=False)
     async with LogConsumer(log_settings, options) as consumer, aiohttp.ClientSession() as http:
@@ -291,6 +296,43 @@ def test_settings_from_the_environment() -> None:
                                      "HS_WORKER_CORES_MCPU": "16000",
                                      "HS_WORKER_HEARTBEAT_S": "0.5"}, data_dir="/data")
     assert (settings.instance_name, settings.port, settings.cores_mcpu) == ("w-9", 6001, 16000)
-    assert (settings.heartbeat_s, settings.log_dir) == (0.5, "/data/worker/w-9/logs")
+    # Logs and specs default to the shared roots ingest uses.
+    assert (settings.heartbeat_s, settings.log_dir, settings.spec_dir) == (
+        0.5, "/data/job-logs", "/data/specs")
+    shared = load_worker_settings({"HS_LOG_DIR": "/l", "HS_SPEC_DIR": "/s"}, data_dir="/data")
+    assert (shared.log_dir, shared.spec_dir) == ("/l", "/s")
+    own = load_worker_settings({"HS_LOG_DIR": "/l", "HS_WORKER_LOG_DIR": "/wl",
+                                "HS_WORKER_SPEC_DIR": "/ws"}, data_dir="/data")
+    assert (own.log_dir, own.spec_dir) == ("/wl", "/ws")
     with pytest.raises(ValueError, match="HS_WORKER_PORT"):
         load_worker_settings({"HS_WORKER_PORT": "x"})
+
+
+async def test_a_dispatch_without_a_spec_reads_it_from_the_spec_store(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    LocalSpecStore(tmp_path / "specs").write_bunch(BATCH, [
+        (1, msgspec.json.encode(spec("echo", "from the store")).decode()),
+        (2, msgspec.json.encode(spec("false")).decode()),
+        (3, '{"process": {"type": "jvm"}}'),
+    ])
+    async with running(log_settings, tmp_path) as env:
+        for job_id in (1, 2, 3, 4):
+            assert await env.post(job_id, "a1", None) == (200, {"attempt": "started"})
+        status, body = await env.post(4, "a1", None)  # idempotent, even when the spec is missing
+        assert status == 200 and body["attempt"] in ("running", "finished")
+        await env.wait_for(lambda evs: all(completed(j)(evs) for j in (1, 2, 3, 4)))
+        assert await env.log(1, "a1") == (200, b"from the store\n")
+        assert await env.post(4, "a1", None) == (200, {"attempt": "finished"})
+        await env.settle()
+    for job_id in (1, 2, 3, 4):
+        kinds = [type(e) for e in env.events if getattr(e, "job_id", None) == job_id]
+        assert kinds == [JobStarted, JobCompleted], job_id
+    states = {j: (m.state, m.exit_code) for j in (1, 2, 3, 4) for m in env.of(JobCompleted, j)}
+    assert states == {1: ("Success", 0), 2: ("Failed", 1), 3: ("Error", None),
+                      4: ("Error", None)}
+    # A spec that is not there (or is malformed) ends the attempt in an Error saying so.
+    (missing,) = env.of(JobCompleted, 4)
+    assert missing.error == f"spec of job {BATCH}/4 not found in the spec store"
+    assert msgspec.json.decode(missing.status)["error"] == missing.error
+    (malformed,) = env.of(JobCompleted, 3)
+    assert (malformed.error or "").startswith(f"invalid job spec of job {BATCH}/3: ")

@@ -1,0 +1,183 @@
+"""Where job specs live, so a job can be run by its id alone.
+
+Ingest writes the specs of every ``JobsSubmitted`` bunch here *before* it publishes the event;
+a worker handed a job without its spec reads it back by (batch_id, job_id). The event still
+carries the specs, so a replay of the log never needs this store.
+
+:class:`LocalSpecStore` keeps one file per bunch, ``{root}/{batch_id}/{first_job_id}.specs``,
+holding the bunch's job ids and spec texts as msgpack. A file appears whole or not at all: it is
+written to a temporary name in the same directory, flushed to disk, then renamed over its final
+name. A cloud backend (GCS) plugs in behind :class:`SpecStore`; callers run its blocking methods
+in a thread (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import os
+import re
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+_FILE = re.compile(r"^(\d+)\.specs$")
+_SUFFIX = ".specs"
+
+
+class SpecStore(Protocol):
+    """Job specs by (batch_id, job_id), written a bunch at a time."""
+
+    def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
+        """Store one bunch: ``(job_id, spec JSON text)`` pairs, job ids increasing.
+
+        Writing a bunch again (a retried request) replaces it. Raises OSError when the bunch
+        could not be stored; nothing is then visible to readers.
+        """
+        ...
+
+    def read(self, batch_id: int, job_id: int) -> str | None:
+        """The spec JSON text of the job, or None when the store has none."""
+        ...
+
+
+class _Bunch(msgspec.Struct, frozen=True, array_like=True):
+    """One file: the job ids of a bunch (increasing) and their specs, in the same order."""
+
+    job_ids: list[int]
+    specs: list[str]
+
+    def find(self, job_id: int) -> str | None:
+        i = bisect.bisect_left(self.job_ids, job_id)
+        if i < len(self.job_ids) and self.job_ids[i] == job_id:
+            return self.specs[i]
+        return None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Bunch)
+
+
+class LocalSpecStore:
+    """Specs as files under ``root`` (the local default, and tests').
+
+    Reading a job bisects the batch directory's sorted first job ids (listed once per batch, and
+    listed again when a job is not found in the cached listing: a newer bunch may have arrived)
+    and keeps the last ``cache_bunches`` decoded bunches. Safe to call from several threads.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], *, cache_bunches: int = 64,
+                 cache_batches: int = 1024, fsync: bool = True) -> None:
+        self.root = Path(root)
+        self._cache_bunches = cache_bunches
+        self._cache_batches = cache_batches
+        # Flush before the rename, so a crash of the machine (not only of the process) never
+        # leaves an empty file under the final name once the event is published.
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._listings: OrderedDict[int, list[int]] = OrderedDict()
+        self._bunches: OrderedDict[tuple[int, int], _Bunch] = OrderedDict()
+
+    def directory(self, batch_id: int) -> Path:
+        """The batch's directory (not created)."""
+        return self.root / str(int(batch_id))
+
+    def path(self, batch_id: int, first_job_id: int) -> Path:
+        """The file of the bunch that starts at ``first_job_id``."""
+        return self.directory(batch_id) / f"{int(first_job_id)}{_SUFFIX}"
+
+    # --- writing ----------------------------------------------------------------------------
+    def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
+        if not specs:
+            return
+        job_ids = [int(j) for j, _ in specs]
+        if any(a >= b for a, b in itertools.pairwise(job_ids)):
+            raise ValueError(f"the job ids of a bunch must increase: {job_ids[:10]}...")
+        data = _encoder.encode(_Bunch(job_ids=job_ids, specs=[s for _, s in specs]))
+        directory = self.directory(batch_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if self._fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, self.path(batch_id, job_ids[0]))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        with self._lock:  # this process's readers see the bunch at once
+            self._bunches.pop((batch_id, job_ids[0]), None)
+            listing = self._listings.get(batch_id)
+            if listing is not None and job_ids[0] not in listing:
+                bisect.insort(listing, job_ids[0])
+
+    # --- reading ----------------------------------------------------------------------------
+    def read(self, batch_id: int, job_id: int) -> str | None:
+        with self._lock:
+            cached = self._listings.get(batch_id)
+            if cached is not None:
+                self._listings.move_to_end(batch_id)
+        if cached is not None:
+            found, complete = self._find(batch_id, job_id, cached, fresh=False)
+            if complete:
+                return found
+        # Not in the cached listing: list the directory again (a newer bunch, or a bunch
+        # rewritten since it was cached).
+        return self._find(batch_id, job_id, self._list(batch_id), fresh=True)[0]
+
+    def _find(self, batch_id: int, job_id: int, listing: list[int], *, fresh: bool
+              ) -> tuple[str | None, bool]:
+        """(spec, whether the answer is final) from the bunch ``listing`` points at."""
+        i = bisect.bisect_right(listing, job_id) - 1
+        if i < 0:
+            return None, fresh
+        bunch = self._bunch(batch_id, listing[i], cached=not fresh)
+        if bunch is None:  # listed but gone (deleted batch): list again
+            return None, fresh
+        found = bunch.find(job_id)
+        return found, found is not None or fresh
+
+    def _list(self, batch_id: int) -> list[int]:
+        try:
+            names = os.listdir(self.directory(batch_id))
+        except (FileNotFoundError, NotADirectoryError):
+            names = []
+        listing = sorted(int(m.group(1)) for n in names if (m := _FILE.match(n)))
+        with self._lock:
+            if listing:
+                self._listings[batch_id] = listing
+                self._listings.move_to_end(batch_id)
+                while len(self._listings) > self._cache_batches:
+                    self._listings.popitem(last=False)
+            else:
+                self._listings.pop(batch_id, None)
+        return listing
+
+    def _bunch(self, batch_id: int, first_job_id: int, *, cached: bool) -> _Bunch | None:
+        key = (batch_id, first_job_id)
+        if cached:
+            with self._lock:
+                hit = self._bunches.get(key)
+                if hit is not None:
+                    self._bunches.move_to_end(key)
+                    return hit
+        try:
+            data = self.path(batch_id, first_job_id).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        bunch = _decoder.decode(data)
+        with self._lock:
+            self._bunches[key] = bunch
+            self._bunches.move_to_end(key)
+            while len(self._bunches) > self._cache_bunches:
+                self._bunches.popitem(last=False)
+        return bunch

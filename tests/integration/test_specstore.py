@@ -1,0 +1,134 @@
+"""The local spec store on real files: bunches, lookups, caching and atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from services.common.settings import Settings, load_settings, log_root, spec_root
+from services.common.specstore import LocalSpecStore, SpecStore
+
+pytestmark = pytest.mark.integration
+
+
+def spec(job_id: int) -> str:
+    return json.dumps({"job_id": job_id, "process": {"type": "docker", "command": ["true"]}})
+
+
+def bunch(first: int, n: int) -> list[tuple[int, str]]:
+    return [(j, spec(j)) for j in range(first, first + n)]
+
+
+def test_a_bunch_round_trips(tmp_path: Path) -> None:
+    store: SpecStore = LocalSpecStore(tmp_path)
+    store.write_bunch(3, bunch(1, 5))
+    assert [store.read(3, j) for j in range(1, 6)] == [spec(j) for j in range(1, 6)]
+    # A second store (another process) reads the same files.
+    other = LocalSpecStore(tmp_path)
+    assert other.read(3, 4) == spec(4)
+    assert sorted(p.name for p in (tmp_path / "3").iterdir()) == ["1.specs"]
+
+
+@pytest.mark.parametrize(("batch_id", "job_id"), [(3, 0), (3, 6), (3, 1_000), (4, 1)],
+                         ids=["before-first", "after-last", "far-beyond", "unknown-batch"])
+def test_a_missing_job_is_none(tmp_path: Path, batch_id: int, job_id: int) -> None:
+    store = LocalSpecStore(tmp_path)
+    store.write_bunch(3, bunch(1, 5))
+    assert store.read(batch_id, job_id) is None
+
+
+def test_a_batch_written_in_several_bunches(tmp_path: Path) -> None:
+    writer, reader = LocalSpecStore(tmp_path), LocalSpecStore(tmp_path, cache_bunches=2)
+    writer.write_bunch(9, bunch(1, 3))
+    writer.write_bunch(9, bunch(4, 1))
+    assert reader.read(9, 2) == spec(2)
+    assert reader.read(9, 5) is None  # not written yet
+    # Bunches arriving after the reader listed the batch are found (the listing is refreshed).
+    writer.write_bunch(9, bunch(5, 10))
+    writer.write_bunch(9, bunch(100, 2))
+    for j in (*range(1, 15), 100, 101):
+        assert reader.read(9, j) == spec(j), j
+    for j in (15, 99, 102):
+        assert reader.read(9, j) is None
+    assert sorted(int(p.name.split(".")[0]) for p in (tmp_path / "9").iterdir()) == [
+        1, 4, 5, 100]
+
+
+def test_a_rewritten_bunch_replaces_the_old_one(tmp_path: Path) -> None:
+    store = LocalSpecStore(tmp_path)
+    store.write_bunch(1, bunch(1, 2))
+    assert store.read(1, 2) == spec(2)
+    store.write_bunch(1, [(1, "{}"), (2, "[]"), (3, "{}")])  # a retried request, say
+    assert (store.read(1, 2), store.read(1, 3)) == ("[]", "{}")
+
+
+def test_writes_are_atomic_and_leave_no_temporary_files(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalSpecStore(tmp_path)
+    store.write_bunch(2, bunch(1, 3))
+    original = os.replace
+
+    def crash(src: str, dst: str) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        store.write_bunch(2, bunch(4, 3))
+    monkeypatch.setattr(os, "replace", original)
+    # The failed bunch is invisible, the earlier one intact, and no temporary file is left.
+    assert [p.name for p in (tmp_path / "2").iterdir()] == ["1.specs"]
+    assert LocalSpecStore(tmp_path).read(2, 4) is None
+    assert LocalSpecStore(tmp_path).read(2, 3) == spec(3)
+    # A temporary file of a writer that crashed mid-write is never mistaken for a bunch.
+    (tmp_path / "2" / ".4.abc.tmp").write_bytes(b"\x00half")
+    assert LocalSpecStore(tmp_path).read(2, 4) is None
+
+
+def test_bunches_must_have_increasing_job_ids(tmp_path: Path) -> None:
+    store = LocalSpecStore(tmp_path)
+    with pytest.raises(ValueError, match="increase"):
+        store.write_bunch(1, [(2, "{}"), (1, "{}")])
+    store.write_bunch(1, [])  # nothing to store
+    assert not (tmp_path / "1").exists() or not any((tmp_path / "1").iterdir())
+
+
+def test_concurrent_readers_and_writers(tmp_path: Path) -> None:
+    store = LocalSpecStore(tmp_path, cache_bunches=3)
+    errors: list[BaseException] = []
+
+    def write(first: int) -> None:
+        try:
+            store.write_bunch(5, bunch(first, 10))
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def read() -> None:
+        try:
+            for j in range(1, 201):
+                found = store.read(5, j)
+                assert found is None or found == spec(j)
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=write, args=(f,)) for f in range(1, 201, 10)]
+    threads += [threading.Thread(target=read) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert all(store.read(5, j) == spec(j) for j in range(1, 201))
+
+
+def test_storage_roots_from_the_settings(tmp_path: Path) -> None:
+    defaults = load_settings({"HS_DATA_DIR": str(tmp_path)})
+    assert spec_root(defaults) == str(tmp_path / "specs")
+    assert log_root(defaults) == str(tmp_path / "job-logs")
+    given = load_settings({"HS_SPEC_DIR": "/s", "HS_LOG_DIR": "/l"})
+    assert (spec_root(given), log_root(given)) == ("/s", "/l")
+    relative = Settings(data_dir="var")
+    assert os.path.isabs(spec_root(relative)) and spec_root(relative).endswith("var/specs")
