@@ -10,6 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import sqlalchemy as sa
 
 from core.projection.cancel import Cancellable, plan_cancel
@@ -44,6 +45,7 @@ from schemas.execution import (
     JobCompleted,
     JobScheduled,
     JobStarted,
+    JobUnschedulable,
 )
 from services.projector.writer import Writer
 
@@ -141,6 +143,8 @@ class Handler:
                 self._lost(event, now)
             case JobCancelled():
                 self._job_cancelled(event, now)
+            case JobUnschedulable():
+                self._unschedulable(event, now)
             case _:
                 return False
         return True
@@ -305,6 +309,14 @@ class Handler:
             return
         self._end(event.batch_id, row, "Cancelled", now,
                   {"cancel_reason": event.reason, "end_time_ms": now})
+
+    def _unschedulable(self, event: JobUnschedulable, now: int) -> None:
+        """A Ready job no worker can ever hold ends in Error, with the scheduler's reason."""
+        row = self._job(event.batch_id, event.job_id)
+        if not event.permanent or row is None or row.state != "Ready":
+            return
+        status = msgspec.json.encode({"error": f"unschedulable: {event.reason}"}).decode()
+        self._end(event.batch_id, row, "Error", now, {"status": status, "end_time_ms": now})
 
     def _end(self, b: int, row: Any, state: JobState, now: int, values: dict[str, Any]) -> None:
         """A job ends: move its counters, release its children, complete what completed."""

@@ -203,6 +203,10 @@ def down(cfg: StackConfig, say: Say, *, with_db: bool = False) -> None:
             say(f"{rec.name}: was not running")
         state.remove(rec.name)
         save_state(cfg.state_path, state)
+    from services.scheduler.drivers.local import reap_instances
+
+    for name in reap_instances(cfg.data_dir):
+        say(f"instance {name}: worker stopped")
     if state.db_started:
         if with_db:
             stop_mariadb(say)

@@ -18,8 +18,10 @@ from schemas.infra import InstanceActivated
 from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, bootstrap_topics
 from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings, Settings, log_env
+from services.common.specstore import LocalSpecStore
 from services.scheduler.drivers import InstanceSpec, create_driver
-from services.scheduler.drivers.local import LocalDriver, LocalDriverOptions
+from services.scheduler.drivers.local import LocalDriver, LocalDriverOptions, reap_instances
+from services.worker.logstore import LocalLogStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,6 +45,12 @@ def workers_named(name: str) -> list[int]:
         if needle in env and procs.pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(v.decode().split("=", 1) for v in raw if b"=" in v)
 
 
 class Reader:
@@ -102,18 +110,26 @@ async def test_an_instance_activates_runs_a_job_and_is_deleted(driver: LocalDriv
     assert driver.log_path("w-1") == (tmp_path / "data" / "instances" / "w-1.log").resolve()
     assert driver.log_path("w-1").exists()
 
-    body = {"batch_id": 11, "job_id": 1, "attempt_id": "a1", "user": "alice", "cores_mcpu": 1000,
-            "spec": {"process": {"type": "docker", "image": "ubuntu:24.04", "command": ["true"]}}}
+    # The worker reads the spec from the shared spec root and writes the log to the shared log
+    # root, where ingest finds them.
+    data = (tmp_path / "data").resolve()
+    LocalSpecStore(data / "specs").write_bunch(11, [(1, msgspec.json.encode({"process": {
+        "type": "docker", "image": "ubuntu:24.04", "command": ["echo", "hi"]}}).decode())])
+    body = {"batch_id": 11, "job_id": 1, "attempt_id": "a1", "user": "alice", "cores_mcpu": 1000}
     async with aiohttp.ClientSession() as http, \
             http.post(f"http://{event.address}/api/v1alpha/jobs", json=body) as r:
         assert r.status == 200, await r.text()
     await reader.wait_for(lambda e: isinstance(e, JobStarted) and e.batch_id == 11)
     mjc = await reader.wait_for(lambda e: isinstance(e, JobCompleted) and e.batch_id == 11)
     assert isinstance(mjc, JobCompleted)
-    assert (mjc.state, mjc.instance_name) == ("Success", "w-1")
+    assert (mjc.state, mjc.instance_name) == ("Success", "w-1"), mjc.error
+    assert LocalLogStore(data / "job-logs").read(11, 1, "a1", "main") == b"hi\n"
 
     pid = driver.pid("w-1")
     assert pid is not None and workers_named("w-1") == [pid]
+    env = environ(pid)
+    assert (env["HS_WORKER_LOG_DIR"], env["HS_WORKER_SPEC_DIR"]) == (
+        str(data / "job-logs"), str(data / "specs"))
     await driver.create(spec("w-1"))  # idempotent by name
     assert driver.pid("w-1") == pid and workers_named("w-1") == [pid]
     assert [i.name for i in await driver.list()] == ["w-1"]
@@ -161,6 +177,22 @@ async def test_close_leaves_no_processes(quick_log: LogSettings, tmp_path: Path)
     assert not any(procs.pid_alive(p) for p in pids if p is not None)
     with pytest.raises(RuntimeError, match="closed"):
         await driver.create(spec("w-d"))
+
+
+async def test_workers_left_by_a_dead_driver_are_reaped(quick_log: LogSettings,
+                                                         tmp_path: Path) -> None:
+    driver = LocalDriver(Settings(log=quick_log, data_dir=str(tmp_path / "dead")))
+    other = LocalDriver(Settings(log=quick_log, data_dir=str(tmp_path / "other")))
+    await asyncio.gather(driver.create(spec("w-left")), driver.create(spec("w-also")),
+                         other.create(spec("w-other")))
+    pids = [driver.pid("w-left"), driver.pid("w-also")]
+    # The driver is dropped without close(), as when its scheduler is killed.
+    assert await asyncio.to_thread(reap_instances, tmp_path / "dead") == ["w-also", "w-left"]
+    assert not any(procs.pid_alive(p) for p in pids if p is not None)
+    assert workers_named("w-other") == [other.pid("w-other")]  # another data dir: untouched
+    assert await asyncio.to_thread(reap_instances, tmp_path / "dead") == []
+    await other.close()
+    await driver.close()
 
 
 @pytest.mark.parametrize("kind", ["gcp", "azure"])

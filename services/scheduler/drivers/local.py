@@ -2,18 +2,23 @@
 
 An instance is a process in its own session listening on a free port of 127.0.0.1; it announces
 itself with ``InstanceActivated`` on the log like a worker on a cloud VM would. Its output goes
-to ``{data_dir}/instances/{name}.log``. The driver remembers its processes in memory: it owns
-them, and :meth:`LocalDriver.close` deletes every instance it started.
+to ``{data_dir}/instances/{name}.log``. Every worker reads job specs from the settings' spec root
+and writes container logs to their log root (``HS_WORKER_SPEC_DIR`` / ``HS_WORKER_LOG_DIR``), the
+directories ingest writes specs to and serves logs from. The driver remembers its processes in
+memory: it owns them, and :meth:`LocalDriver.close` deletes every instance it started.
 
 Idempotent by name (invariant 7): creating a name the driver already has does nothing, whether
 its process still runs or has died (then :meth:`LocalDriver.list` says ``stopped``, as a cloud
-lists a VM that stopped); deleting an unknown name does nothing.
+lists a VM that stopped); deleting an unknown name does nothing. A driver that died without
+closing (a killed scheduler) leaves its workers running: :func:`reap_instances` finds and stops
+them by the data directory in their environment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -23,7 +28,7 @@ from typing import Self
 import msgspec
 
 from services.common import procs
-from services.common.settings import Settings, log_env
+from services.common.settings import Settings, log_env, log_root, spec_root
 from services.scheduler.drivers.base import InstanceInfo, InstanceSpec, check_name
 
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ class LocalDriverOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     python: str = sys.executable
     # Extra environment for every worker (HS_WORKER_HEARTBEAT_S, say); the driver's own
-    # HS_WORKER_INSTANCE_NAME/PORT/CORES_MCPU/REGION win over these.
+    # HS_WORKER_INSTANCE_NAME/PORT/CORES_MCPU/REGION/LOG_DIR/SPEC_DIR win over these.
     worker_env: dict[str, str] = {}
     # How long a worker may take to shut down after SIGTERM before its group is SIGKILLed.
     terminate_timeout_s: float = 15.0
@@ -63,6 +68,9 @@ class LocalDriver:
         # Absolute, so a worker started from another directory writes where we look.
         self._data_dir = Path(settings.data_dir).resolve()
         self._env = {**log_env(settings.log), "HS_DATA_DIR": str(self._data_dir)}
+        # The shared storage roots (absolute): where ingest writes specs and reads logs.
+        self._storage_env = {"HS_WORKER_LOG_DIR": log_root(settings),
+                             "HS_WORKER_SPEC_DIR": spec_root(settings)}
         self._instances: dict[str, _Instance] = {}
         # One lock per name, so calls about one instance never interleave.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -91,7 +99,7 @@ class LocalDriver:
             if spec.name in self._instances:
                 return
             port = procs.free_port()
-            env = {**self._env, **self._options.worker_env,
+            env = {**self._env, **self._options.worker_env, **self._storage_env,
                    "HS_WORKER_INSTANCE_NAME": spec.name, "HS_WORKER_PORT": str(port),
                    "HS_WORKER_CORES_MCPU": str(spec.cores_mcpu),
                    "HS_WORKER_REGION": spec.region}
@@ -104,7 +112,9 @@ class LocalDriver:
     async def delete(self, name: str) -> None:
         async with self._locks.setdefault(name, asyncio.Lock()):
             instance = self._instances.get(name)
-            if instance is None:
+            if instance is None:  # maybe a worker another scheduler (now dead) started
+                if await asyncio.to_thread(reap_instances, self._data_dir, name):
+                    log.info("instance %s: deleted (started by another scheduler)", name)
                 return
             await asyncio.to_thread(self._stop, instance)
             del self._instances[name]
@@ -125,3 +135,56 @@ class LocalDriver:
         if proc.poll() is None:
             procs.terminate(proc.pid, timeout=self._options.terminate_timeout_s)
         proc.wait(timeout=10)  # reaped by terminate already; this only tells the Popen object
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or not ours
+        return {}
+    return dict(v.split("=", 1) for v in raw.decode(errors="replace").split("\0") if "=" in v)
+
+
+def _is_worker(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"services.worker" in argv
+
+
+def running_workers(data_dir: str | os.PathLike[str]) -> list[str]:
+    """The instance names of worker processes of ``data_dir`` that run (Linux ``/proc``)."""
+    return sorted(set(_left_over_workers(data_dir).values()))
+
+
+def _left_over_workers(data_dir: str | os.PathLike[str]) -> dict[int, str]:
+    """Worker processes of ``data_dir`` that run (Linux ``/proc``): pid -> instance name."""
+    target = str(Path(data_dir).resolve())
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        env = _environ(int(entry))
+        name = env.get("HS_WORKER_INSTANCE_NAME")
+        if name and env.get("HS_DATA_DIR") == target and _is_worker(int(entry)) \
+                and procs.pid_alive(int(entry)):
+            found[int(entry)] = name
+    return found
+
+
+def reap_instances(data_dir: str | os.PathLike[str], name: str | None = None) -> list[str]:
+    """Stop the workers local drivers started for ``data_dir`` that still run (Linux ``/proc``).
+
+    For a stack or a test tearing down after a scheduler died without closing its driver, and
+    for a new leader deleting an instance its predecessor created: a worker is known by
+    ``HS_DATA_DIR`` (``data_dir``, resolved) and ``HS_WORKER_INSTANCE_NAME`` in its environment.
+    Each one's process group is terminated as :meth:`LocalDriver.delete` does. With ``name``,
+    only that instance. Returns the instance names stopped (sorted); idempotent.
+    """
+    found = {pid: n for pid, n in _left_over_workers(data_dir).items()
+             if name is None or n == name}
+    for pid, instance in found.items():
+        procs.terminate(pid, timeout=LocalDriverOptions().terminate_timeout_s)
+        log.info("instance %s: left-over worker pid %d stopped", instance, pid)
+    return sorted(set(found.values()))
