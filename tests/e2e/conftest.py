@@ -13,9 +13,11 @@ import json
 import os
 import subprocess
 import sys
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ from services.common.log import Publisher, bootstrap_topics
 from services.common.settings import DatabaseSettings, LogSettings, load_settings
 from services.ingest.admin import new_token
 from services.ingest.store import Store
+from services.scheduler.drivers.local import reap_instances
 
 REPO = Path(__file__).resolve().parents[2]
 HAIL_PYTHON = REPO / ".venv-hail" / "bin" / "python"
@@ -51,6 +54,10 @@ class System:
     log: LogSettings
     db: DatabaseSettings
     engine: sa.Engine
+    env: dict[str, str] = field(default_factory=dict)
+    tmp: Path = Path(".")
+    schedulers: dict[str, Any] = field(default_factory=dict)
+    scheduler_env: dict[str, str] = field(default_factory=dict)
 
     def hail(self, scenario: str, *args: str, timeout: float = 240,
              developer: bool = False) -> Any:
@@ -68,6 +75,27 @@ class System:
                                  f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
+    def start_scheduler(self, name: str, extra: dict[str, str], *,
+                        leader: bool = False) -> Any:
+        """A scheduler replica as a process; with ``leader``, wait until it is elected."""
+        env = {**self.env, **extra, "HS_SCHEDULER_ID": name}
+        log = self.tmp / f"{name}.log"
+        proc = _spawn(["-m", "services.scheduler"], env, log)
+        self.schedulers[name] = proc
+        deadline = time.monotonic() + 60
+        while leader and "elected with epoch" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"scheduler {name} was not elected:\n{log.read_text()}")
+            time.sleep(0.1)
+        return proc
+
+    def stop_schedulers(self) -> None:
+        """Stop every replica, then every worker any of them started (SIGKILLed ones too)."""
+        for proc in self.schedulers.values():
+            procs.terminate(proc.pid)
+            proc.wait(timeout=30)
+        reap_instances(Path(self.env["HS_DATA_DIR"]))
+
     def append(self, events: list[AnyEvent]) -> None:
         async def go() -> None:
             async with Publisher(self.log) as pub:
@@ -79,41 +107,85 @@ class System:
         asyncio.run(go())
 
 
+def get_json(system: System, path: str) -> Any:
+    """GET an API path as the test user; the decoded JSON."""
+    request = urllib.request.Request(f"{system.url}{path}",
+                                     headers={"Authorization": f"Bearer {system.token}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def wait_for(what: str, check: Any, timeout: float = 120.0) -> Any:
+    """Poll ``check`` until it returns something true; that value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def _spawn(args: list[str], env: dict[str, str], log: Path) -> Any:
     return procs.spawn([sys.executable, *args], log_path=log, env=env, cwd=REPO)
 
 
-@pytest.fixture(scope="module")
-def system(broker: str, migrated_db: DatabaseSettings,
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+def start_system(broker: str, db: DatabaseSettings, tmp: Path, *,
+                 scheduler_env: dict[str, str] | None = None) -> Iterator[System]:
+    """Projector and ingest (plus a scheduler if ``scheduler_env`` is given) as processes."""
     log = msgspec.structs.replace(load_settings().log, bootstrap_servers=broker, partitions=4,
                                   topic_prefix=f"e{uuid.uuid4().hex[:10]}-")
     asyncio.run(bootstrap_topics(log))
-    tmp = tmp_path_factory.mktemp("system")
     port = procs.free_port()
     env = {"HS_KAFKA_BOOTSTRAP": broker, "HS_TOPIC_PREFIX": log.topic_prefix,
-           "HS_KAFKA_PARTITIONS": "4", "HS_DB_NAME": migrated_db.name,
-           "HS_DB_HOST": migrated_db.host, "HS_DB_PORT": str(migrated_db.port),
-           "HS_INGEST_PORT": str(port)}
-    projector = _spawn(["-m", "services.projector"], env, tmp / "projector.log")
+           "HS_KAFKA_PARTITIONS": "4", "HS_DB_NAME": db.name,
+           "HS_DB_HOST": db.host, "HS_DB_PORT": str(db.port),
+           "HS_INGEST_PORT": str(port), "HS_DATA_DIR": str(tmp / "data")}
+    services = [_spawn(["-m", "services.projector"], env, tmp / "projector.log")]
     ingest = _spawn(["-m", "services.ingest", "--port", str(port)], env, tmp / "ingest.log")
-    engine = sa.create_engine(migrated_db.url())
+    services.append(ingest)
+    engine = sa.create_engine(db.url())
+    sys_ = None
     try:
         procs.wait_for_port(port, timeout=60, proc=ingest, what="ingest")
         token, token_id, digest = new_token()
         dev_token, dev_token_id, dev_digest = new_token()
         sys_ = System(url=f"http://127.0.0.1:{port}", token=token, dev_token=dev_token,
-                      billing_project="e2e", user="tester", log=log, db=migrated_db,
-                      engine=engine)
+                      billing_project="e2e", user="tester", log=log, db=db,
+                      engine=engine, env=env, tmp=tmp)
         sys_.append([UserCreated(user="tester"),
                      TokenIssued(user="tester", token_id=token_id, token_sha256=digest),
                      UserCreated(user="boss", is_developer=True),
                      TokenIssued(user="boss", token_id=dev_token_id, token_sha256=dev_digest),
                      BillingProjectCreated(billing_project="e2e"),
                      BillingProjectMemberAdded(billing_project="e2e", user="tester")])
+        if scheduler_env is not None:
+            sys_.start_scheduler("scheduler-a", scheduler_env, leader=True)
         yield sys_
     finally:
-        for p in (ingest, projector):
+        if sys_ is not None:
+            sys_.stop_schedulers()
+        for p in reversed(services):
             procs.terminate(p.pid)
             p.wait(timeout=10)
         engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def system(broker: str, migrated_db: DatabaseSettings,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """The system without a scheduler: submitted jobs stay Ready or Pending."""
+    yield from start_system(broker, migrated_db, tmp_path_factory.mktemp("system"))
+
+
+SCHEDULER_ENV = {"HS_SCHEDULER_AUTOSCALE_S": "0.5", "HS_SCHEDULER_IDLE_S": "60",
+                 "HS_SCHEDULER_MAX_INSTANCES": "2", "HS_SCHEDULER_WORKER_HEARTBEAT_S": "1",
+                 "HS_SCHEDULER_REDELIVER_S": "3"}
+
+
+@pytest.fixture(scope="module")
+def running_system(broker: str, migrated_db: DatabaseSettings,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    """The whole system: jobs run on local worker processes the scheduler starts."""
+    yield from start_system(broker, migrated_db, tmp_path_factory.mktemp("running"),
+                            scheduler_env=SCHEDULER_ENV)

@@ -215,9 +215,160 @@ async def billing_developer(c: aioclient.BatchClient) -> dict[str, Any]:
     return out
 
 
+# --- execution: jobs run on workers the scheduler starts --------------------------------------
+
+async def wait_until(check: Any, within_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = await check()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(0.2)
+
+
+def summary(status: dict[str, Any]) -> dict[str, Any]:
+    main = ((status.get("status") or {}).get("container_statuses") or {}).get("main") or {}
+    return {"state": status["state"], "exit_code": status.get("exit_code"),
+            "error": (main.get("error") or (status.get("status") or {}).get("error")),
+            "main_state": main.get("state"), "timing": sorted(main.get("timing") or {})}
+
+
+async def run_basic(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch(attributes={"name": "basic"})
+    ok = b.create_job("ubuntu:24.04", ["true"])
+    bad = b.create_job("ubuntu:24.04", ["false"])
+    echo = b.create_job("ubuntu:24.04", ["bash", "-c", "echo hello; echo $GREETING >&2"],
+                        env={"GREETING": "bonjour"})
+    missing = b.create_job("ubuntu:24.04", ["/no/such/executable-hs"])
+    timeout = b.create_job("ubuntu:24.04", ["sleep", "30"], timeout=1)
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    out: dict[str, Any] = {"batch": status}
+    for name, job in (("ok", ok), ("bad", bad), ("echo", echo), ("missing", missing),
+                      ("timeout", timeout)):
+        out[name] = summary(await job.status())
+    out["log"] = await echo.log()
+    out["container_log"] = (await echo.container_log("main")).decode()
+    out["attempts"] = await echo.attempts()
+    out["listed"] = states(await jobs_of(b.get_job_group(0)))
+    return out
+
+
+async def dag(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch()
+    root = b.create_job("ubuntu:24.04", ["false"])
+    child = b.create_job("ubuntu:24.04", ["true"], parents=[root])
+    cleanup = b.create_job("ubuntu:24.04", ["true"], parents=[root], always_run=True)
+    ok = b.create_job("ubuntu:24.04", ["true"])
+    after_ok = b.create_job("ubuntu:24.04", ["echo", "after"], parents=[ok])
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    return {"batch": status, "states": {name: (await j.status())["state"] for name, j in (
+        ("root", root), ("child", child), ("cleanup", cleanup), ("ok", ok),
+        ("after_ok", after_ok))}}
+
+
+async def cancel(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch()
+    running = b.create_job("ubuntu:24.04", ["sleep", "300"])
+    for _ in range(20):
+        b.create_job("ubuntu:24.04", ["sleep", "300"], parents=[running])
+    last = b.create_job("ubuntu:24.04", ["true"], parents=[running], always_run=True)
+    await b.submit(disable_progress_bar=True)
+
+    async def started() -> bool:
+        return (await running.status())["state"] == "Running"
+
+    was_running = await wait_until(started)
+    t0 = time.monotonic()
+    await b.cancel()
+    status = await b.wait(disable_progress_bar=True)
+    return {"was_running": was_running, "seconds": time.monotonic() - t0, "batch": status,
+            "running": summary(await running.status()),
+            "last": (await last.status())["state"],
+            "states": sorted(set(states(await jobs_of(b.get_job_group(0))).values()))}
+
+
+async def n_failures(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch(cancel_after_n_failures=1)
+    blocker = b.create_job("ubuntu:24.04", ["sleep", "300"])
+    b.create_job("ubuntu:24.04", ["false"])
+    g = b.create_job_group(cancel_after_n_failures=2)
+    g.create_job("ubuntu:24.04", ["true"])
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    b2 = c.create_batch()
+    group = b2.create_job_group(cancel_after_n_failures=1)
+    group.create_job("ubuntu:24.04", ["false"])
+    slow = group.create_job("ubuntu:24.04", ["sleep", "300"])
+    outside = b2.create_job("ubuntu:24.04", ["true"])
+    await b2.submit(disable_progress_bar=True)
+
+    async def group_done() -> Any:
+        s = await group.status()
+        return s if s["complete"] else None
+
+    group_status = await wait_until(group_done)
+    status2 = await b2.wait(disable_progress_bar=True)
+    return {"batch": status, "blocker": (await blocker.status())["state"],
+            "group": group_status, "slow": (await slow.status())["state"],
+            "outside": (await outside.status())["state"], "batch2": status2}
+
+
+async def job_groups_run(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch()
+    outer = b.create_job_group(attributes={"name": "outer"})
+    inner = outer.create_job_group(attributes={"name": "inner"})
+    outer.create_job("ubuntu:24.04", ["true"])
+    inner.create_job("ubuntu:24.04", ["true"])
+    inner.create_job("ubuntu:24.04", ["false"])
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    return {"batch": status, "outer": await outer.status(), "inner": await inner.status()}
+
+
+async def machine_types(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch()
+    private = b.create_job("ubuntu:24.04", ["bash", "-c", "echo $HAIL_JOB_ID"],
+                           resources={"machine_type": "n1-standard-2"})
+    big = b.create_job("ubuntu:24.04", ["true"], resources={"cpu": "8"})
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    return {"batch": status, "private": await private.status(), "big": await big.status(),
+            "private_log": await private.log()}
+
+
+async def many_noops(c: aioclient.BatchClient, n: str) -> dict[str, Any]:
+    b = c.create_batch()
+    for _ in range(int(n)):
+        b.create_job("ubuntu:24.04", ["true"], resources={"cpu": "0.25"})
+    t0 = time.perf_counter()
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    return {"id": b.id, "batch": status, "seconds": time.perf_counter() - t0}
+
+
+async def submit_sleepers(c: aioclient.BatchClient, n: str, seconds: str) -> dict[str, Any]:
+    b = c.create_batch()
+    for _ in range(int(n)):
+        b.create_job("ubuntu:24.04", ["sleep", seconds], resources={"cpu": "0.25"})
+    await b.submit(disable_progress_bar=True)
+    return {"id": b.id}
+
+
+async def wait_batch(c: aioclient.BatchClient, batch_id: str) -> dict[str, Any]:
+    b = await c.get_batch(int(batch_id))
+    status = await b.wait(disable_progress_bar=True)
+    jobs = await jobs_of(b.get_job_group(0))
+    attempts = {j["job_id"]: await (await b.get_job(j["job_id"])).attempts() for j in jobs}
+    return {"batch": status, "states": states(jobs), "attempts": attempts}
+
+
 SCENARIOS = {f.__name__: f for f in (create_fast_dependency, big_batch, updates, groups, queries,
                                      token_idempotent, errors, billing_member,
-                                     billing_developer)}
+                                     billing_developer, run_basic, dag, cancel, n_failures,
+                                     job_groups_run, machine_types, many_noops, submit_sleepers,
+                                     wait_batch)}
 
 
 async def main() -> None:
