@@ -3,8 +3,9 @@
 ``log``: envelopes through the log adapter. Without ``--bootstrap`` it starts its own broker:
 tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it afterwards.
 ``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
-batch status latency. With no scenario named, both run. Prints a table per scenario and writes
-the same as JSON to bench/results/.
+batch status latency. ``execution``: a private full stack runs ``--exec-jobs`` no-op jobs end to
+end, beside the machine's process-spawn rate. With no scenario named, all run. Prints a table
+per scenario and writes the same as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench import ingest_throughput, log_throughput
+from bench import execution, ingest_throughput, log_throughput
 from services.common import procs
 from services.common.settings import load_settings
 
@@ -59,16 +60,18 @@ def _broker(stack: ExitStack, durable: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenarios", nargs="*", help="log, ingest (default: both)")
+    parser.add_argument("scenarios", nargs="*", help="log, ingest, execution (default: all)")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--exec-jobs", type=int, default=10_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
     args = parser.parse_args()
-    scenarios = args.scenarios or ["log", "ingest"]
-    unknown = set(scenarios) - {"log", "ingest"}
+    known = ["log", "ingest", "execution"]
+    scenarios = args.scenarios or known
+    unknown = set(scenarios) - set(known)
     if unknown:
-        parser.error(f"unknown scenarios {sorted(unknown)}: choose from log, ingest")
+        parser.error(f"unknown scenarios {sorted(unknown)}: choose from {', '.join(known)}")
     results: dict[str, dict[str, object]] = {}
     if "log" in scenarios:
         settings = load_settings().log
@@ -80,6 +83,8 @@ def main() -> None:
             results["log"] = {"storage": storage, **log_throughput.main(settings, args.events)}
     if "ingest" in scenarios:
         results["ingest"] = ingest_throughput.run(args.jobs)
+    if "execution" in scenarios:
+        results["execution"] = execution.run(args.exec_jobs)
     for name, figures in results.items():
         table = Table(title=name)
         table.add_column("figure")

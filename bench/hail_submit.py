@@ -1,6 +1,6 @@
 """Runs under .venv-hail: submit one batch of N no-op jobs with the official client.
 
-Usage: hail_submit.py URL TOKEN BILLING_PROJECT N  ->  prints {"id", "seconds"} as JSON.
+Usage: hail_submit.py URL TOKEN BILLING_PROJECT N [CPU]  ->  prints {"id", "seconds"} as JSON.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ from hailtop.batch_client import aioclient
 
 async def main() -> None:
     url, token, project, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    resources = {"cpu": sys.argv[5]} if len(sys.argv) > 5 else None
     session = Session(credentials=aioclient.HailExplicitTokenCredentials(token))
     client = aioclient.BatchClient(project, url=url, session=session, headers={})
     try:
         b = client.create_batch(attributes={"bench": str(n)})
         for i in range(n):
-            b.create_job("ubuntu:24.04", ["true"], attributes={"name": f"j{i}"})
+            b.create_job("ubuntu:24.04", ["true"], attributes={"name": f"j{i}"},
+                         resources=resources)
         t0 = time.perf_counter()
         await b.submit(disable_progress_bar=True)
         print(json.dumps({"id": b.id, "seconds": time.perf_counter() - t0}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,10 +35,10 @@ def _stack(env: dict[str, str], *args: str) -> None:
                    check=True, capture_output=True, timeout=300)
 
 
-def _submit(url: str, token: str, n: int) -> dict[str, Any]:
+def _submit(url: str, token: str, n: int, cpu: str | None = None) -> dict[str, Any]:
     out = subprocess.run([str(HAIL_PYTHON), str(REPO / "bench" / "hail_submit.py"), url, token,
-                          "dev", str(n)], capture_output=True, text=True, timeout=1800,
-                         check=True)
+                          "dev", str(n), *([cpu] if cpu else [])], capture_output=True, text=True,
+                         timeout=1800, check=True)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -83,6 +84,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         }
     finally:
         _stack(env, "down")
+        shutil.rmtree(tmp, ignore_errors=True)
         engine = sa.create_engine(load_settings().db.url(database=False))
         with engine.begin() as conn:
             conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{db_name}`"))

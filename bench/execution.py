@@ -1,0 +1,126 @@
+"""Execution figures: no-op jobs per second end to end, beside this machine's process-spawn rate.
+
+A private stack (as `make up` runs it: durable broker, projector, ingest, scheduler; the
+scheduler starts local worker processes) runs a batch of ``n`` no-op jobs (``true``, a quarter
+core each) submitted with the official client. The rate is jobs over the time from the start of
+the submission to the batch's completion as the API reports it. The ceiling beside it is how
+fast this machine starts and reaps ``true`` processes with nothing else to do, measured in the
+same run: every job costs at least one such spawn. ``log_jobs_per_s`` is the rate read off the
+log itself (first SJ to last MJC of the batch): how fast the scheduler and workers run jobs,
+before the projector makes completion visible to the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from bench.ingest_throughput import _stack, _submit
+from schemas.execution import JobCompleted, JobScheduled
+from services.common import procs
+from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
+from services.common.settings import LogSettings, load_settings
+from services.stack.config import SEAWEED_PORT_SPAN
+
+
+async def _spawn_rate(n: int, concurrency: int) -> float:
+    """``true`` processes started and reaped per second with ``concurrency`` in flight."""
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with limit:
+            proc = await asyncio.create_subprocess_exec("true")
+            await proc.wait()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return n / (time.perf_counter() - t0)
+
+
+def _status(url: str, token: str, batch_id: int) -> dict[str, Any]:
+    req = urllib.request.Request(f"{url}/api/v1alpha/batches/{batch_id}",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
+async def _log_rate(log: LogSettings, batch_id: int) -> float:
+    """Jobs per second of ``batch_id`` between its first SJ and its last MJC on the log."""
+    marks = await high_watermarks(log, ["batch-events"])
+    first_sj, last_mjc, n = None, 0, 0
+    async with LogConsumer(log, ConsumerOptions(name="bench", topics=["batch-events"],
+                                                group=False, max_records=10_000)) as consumer:
+        done: dict[tuple[str, int], int] = {}
+        while any(done.get(tp, 0) < end for tp, end in marks.items()):
+            for rec in await consumer.next_batch():
+                done[(rec.topic, rec.partition)] = rec.offset + 1
+                event = rec.envelope.event
+                if getattr(event, "batch_id", None) != batch_id:
+                    continue
+                if isinstance(event, JobScheduled) and first_sj is None:
+                    first_sj = rec.envelope.time_ms
+                elif isinstance(event, JobCompleted):
+                    last_mjc, n = max(last_mjc, rec.envelope.time_ms), n + 1
+    return 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
+
+
+def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
+    spawn_1 = asyncio.run(_spawn_rate(1_000, 1))
+    spawn_16 = asyncio.run(_spawn_rate(2_000, 16))
+    tmp = Path(tempfile.mkdtemp(prefix="hs-bench-exec-"))
+    db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
+    service_port = procs.free_port()
+    env = {**os.environ, "HS_DATA_DIR": str(tmp),
+           "HS_KAFKA_BOOTSTRAP": f"127.0.0.1:{procs.free_port()}",
+           "HS_STACK_SEAWEED_BASE_PORT": str(procs.free_port_block(SEAWEED_PORT_SPAN)),
+           "HS_STACK_SERVICE_BASE_PORT": str(service_port),
+           "HS_STACK_MODE": "durable" if durable else "memory", "HS_DB_NAME": db_name,
+           "HS_SCHEDULER_AUTOSCALE_S": "1"}
+    url = f"http://127.0.0.1:{service_port}"
+    try:
+        _stack(env, "up", "--quiet")
+        token = (tmp / "dev-token").read_text().strip()
+        warm = _submit(url, token, 100, "0.25")  # workers up before the clock starts
+        while not _status(url, token, warm["id"])["complete"]:
+            time.sleep(0.2)
+        t0 = time.perf_counter()
+        big = _submit(url, token, n_jobs, "0.25")
+        while True:
+            status = _status(url, token, big["id"])
+            if status["complete"]:
+                break
+            time.sleep(0.2)
+        elapsed = time.perf_counter() - t0
+        log = load_settings(env).log
+        log_rate = asyncio.run(_log_rate(log, big["id"]))
+        return {
+            "storage": "seaweedfs" if durable else "memory",
+            "jobs": n_jobs,
+            "state": status["state"],
+            "n_succeeded": status["n_succeeded"],
+            "submit_seconds": round(big["seconds"], 2),
+            "end_to_end_seconds": round(elapsed, 2),
+            "noop_jobs_per_s": round(n_jobs / elapsed, 1),
+            "run_jobs_per_s_after_submit": round(n_jobs / max(elapsed - big["seconds"], 1e-9),
+                                                 1),
+            "log_jobs_per_s": round(log_rate, 1),
+            "spawn_per_s_serial": round(spawn_1),
+            "spawn_per_s_16_concurrent": round(spawn_16),
+        }
+    finally:
+        _stack(env, "down")
+        shutil.rmtree(tmp, ignore_errors=True)
+        engine = sa.create_engine(load_settings().db.url(database=False))
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{db_name}`"))
+        engine.dispose()
