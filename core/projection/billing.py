@@ -1,0 +1,69 @@
+"""Billing rollups: one billed interval of an attempt as counter increments.
+
+Usage lands in every rollup at once, so each total is exactly the sum of its parts: per job
+(``aggregated_job_resources``, one writer per batch, no token), per job group and each of its
+ancestors up to the batch (group 0), per batch, per billing project, per billing project, user
+and UTC day, and per user (tokenized: the projector partition's token).
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from core.billing import by_day, usage
+from core.projection.ops import Increment
+from schemas.base import AttemptResource
+
+JOB: str = "aggregated_job_resources"
+JOB_GROUP: str = "aggregated_job_group_resources"
+BATCH: str = "aggregated_batch_resources"
+BILLING_PROJECT: str = "aggregated_billing_project_resources"
+BILLING_PROJECT_USER_DATE: str = "aggregated_billing_project_user_resources_by_date"
+USER: str = "aggregated_user_resources"
+TABLES: tuple[str, ...] = (JOB, JOB_GROUP, BATCH, BILLING_PROJECT, BILLING_PROJECT_USER_DATE,
+                           USER)
+
+
+@dataclass(frozen=True, slots=True)
+class Billed:
+    """Whose usage an interval is: the job, its group ancestry, the batch's project and user."""
+
+    batch_id: int
+    job_id: int
+    groups: Sequence[int]
+    """The job's group and every ancestor up to 0 (the batch)."""
+    billing_project: str
+    user: str
+
+
+def accrue(who: Billed, resources: Iterable[AttemptResource], from_ms: int, to_ms: int,
+           token: int) -> list[Increment]:
+    """The increments that bill ``resources`` over ``[from_ms, to_ms)`` to ``who``."""
+    resources = list(resources)
+    total = usage(resources, from_ms, to_ms)
+    if not total:
+        return []
+    ops: list[Increment] = []
+    b = who.batch_id
+    for resource, amount in sorted(total.items()):
+        delta = {"resource_usage": amount}
+        ops.append(Increment(JOB, {"batch_id": b, "job_id": who.job_id, "resource": resource},
+                             delta))
+        ops += [Increment(JOB_GROUP, {"batch_id": b, "job_group_id": g, "resource": resource,
+                                      "token": token}, delta) for g in who.groups]
+        ops.append(Increment(BATCH, {"batch_id": b, "resource": resource, "token": token},
+                             delta))
+        ops.append(Increment(BILLING_PROJECT, {"billing_project": who.billing_project,
+                                               "resource": resource, "token": token}, delta))
+        ops.append(Increment(USER, {"user": who.user, "resource": resource, "token": token},
+                             delta))
+    for day, start, end in by_day(from_ms, to_ms):
+        for resource, amount in sorted(usage(resources, start, end).items()):
+            ops.append(Increment(BILLING_PROJECT_USER_DATE, {
+                "billing_project": who.billing_project, "user": who.user,
+                "usage_date": day.isoformat(), "resource": resource, "token": token},
+                {"resource_usage": amount}))
+    return ops
