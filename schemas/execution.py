@@ -25,6 +25,8 @@ class JobScheduled(BatchEvent, frozen=True, kw_only=True, tag="job.scheduled"):
     instance_name: str
     inst_coll: str
     cores_mcpu: int
+    resources: list[AttemptResource] = []
+    """What the attempt is billed for, per ms of runtime, at the rates' latest versions."""
 
 
 class JobStarted(BatchEvent, frozen=True, kw_only=True, tag="job.started"):

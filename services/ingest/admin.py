@@ -1,4 +1,4 @@
-"""``python -m services.ingest.admin``: users, tokens, billing projects, members, limits.
+"""``python -m services.ingest.admin``: users, tokens, billing projects, members, limits, rates.
 
 Every command appends control events to the log (the projector makes them visible) and waits,
 bounded, until they are applied. Tokens are random, shown once, and stored only as SHA-256.
@@ -15,6 +15,7 @@ from typing import Annotated
 import sqlalchemy as sa
 import typer
 
+from core.billing import default_rates, newer_version, split_resource
 from schemas.control import (
     BillingLimitSet,
     BillingProjectClosed,
@@ -22,6 +23,7 @@ from schemas.control import (
     BillingProjectMemberAdded,
     BillingProjectMemberRemoved,
     BillingProjectReopened,
+    ResourceRateSet,
     ServiceFreezeSet,
     TokenIssued,
     TokenRevoked,
@@ -56,6 +58,38 @@ async def append(settings: Settings, events: list[AnyEvent], *, wait_s: float = 
             positions, timeout_s=wait_s)
     finally:
         engine.dispose()
+
+
+_RESOURCES = sa.text("SELECT resource, rate FROM resources ORDER BY resource")
+
+
+def known_rates(settings: Settings) -> dict[str, Decimal]:
+    """The rates the projection holds, per resource."""
+    engine = sa.create_engine(settings.db.url())
+    try:
+        with engine.connect() as conn:
+            return {str(r): Decimal(rate) for r, rate in conn.execute(_RESOURCES)}
+    finally:
+        engine.dispose()
+
+
+def missing_default_rates(known: dict[str, Decimal]) -> list[ResourceRateSet]:
+    """Events that set the default rate of every default resource not known yet."""
+    return [ResourceRateSet(resource=r, rate=rate) for r, rate in sorted(default_rates().items())
+            if r not in known]
+
+
+def next_rate(known: dict[str, Decimal], product: str, rate: Decimal) -> ResourceRateSet:
+    """A new version of ``product`` at ``rate`` (rates of existing versions never change)."""
+    latest: str | None = None
+    for resource in known:
+        p, version = split_resource(resource)
+        if p == product and newer_version(latest, version):
+            latest = version
+    if latest is not None and not latest.isdigit():
+        raise typer.BadParameter(f"cannot number a version after {latest!r} of {product}")
+    return ResourceRateSet(resource=f"{product}/{1 if latest is None else int(latest) + 1}",
+                           rate=rate)
 
 
 def _run(events: list[AnyEvent], done: str) -> None:
@@ -130,6 +164,41 @@ def set_limit(billing_project: str, limit: str) -> None:
         raise typer.BadParameter("limit must not be negative")
     _run([BillingLimitSet(billing_project=billing_project, limit=value)],
          f"limit of {billing_project} set to {value}")
+
+
+@app.command("default-rates")
+def set_default_rates() -> None:
+    """Set the default rate of every default resource that has none yet."""
+    events = missing_default_rates(known_rates(load_settings()))
+    if not events:
+        typer.echo("every default resource has a rate")
+        return
+    _run(list(events), f"set {len(events)} default rates")
+
+
+@app.command("set-rate")
+def set_rate(product: str, rate: str) -> None:
+    """Bill new attempts of PRODUCT (e.g. compute/standard-preemptible) at RATE USD per unit*ms.
+
+    The rate goes to a new version of the product; attempts already billed keep theirs.
+    """
+    try:
+        value = Decimal(rate)
+    except InvalidOperation:
+        raise typer.BadParameter(f"rate must be a number, not {rate!r}") from None
+    if not value.is_finite() or value < 0:
+        raise typer.BadParameter("rate must be a non-negative number")
+    if "/" in product and product.rsplit("/", 1)[1].isdigit():
+        raise typer.BadParameter(f"name the product without its version: {product!r}")
+    event = next_rate(known_rates(load_settings()), product, value)
+    _run([event], f"{event.resource} billed at {value}")
+
+
+@app.command()
+def rates() -> None:
+    """Print every resource and its rate."""
+    for resource, value in known_rates(load_settings()).items():
+        typer.echo(f"{resource}\t{value}")
 
 
 @app.command()

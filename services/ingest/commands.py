@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from core.billing import cost_str, over_limit
 from core.errors import BadRequest, Forbidden, NotFound, Unavailable
 from core.job_specs import job_records
 from core.resources import InstCollConfig
@@ -101,6 +102,15 @@ class Commands:
             raise Forbidden(f"Unknown Hail Batch billing project {name}.")
         if found[0] != "open":
             raise Forbidden(f"Billing project {name} is closed or deleted.")
+        await self._check_budget(name)
+
+    async def _check_budget(self, name: str) -> None:
+        """A billing project at or over its limit takes no new work (the reference's 403)."""
+        budget = await self._db(self.store.budget, name)
+        if budget is not None and over_limit(budget[1], budget[0]):
+            limit, accrued = budget
+            raise Forbidden(f"billing project {name} has exceeded the budget; "
+                            f"accrued={cost_str(accrued)} limit={cost_str(limit)}")
 
     async def _open_batch(self, batch_id: int, user: User) -> Any:
         row = await self._db(self.store.visible_batch, batch_id, user.name)
@@ -272,7 +282,8 @@ class Commands:
     async def update_fast(self, batch_id: int, body: Any, user: User) -> dict[str, Any]:
         await self._check_not_frozen()
         update_spec, groups, jobs = parse_update_fast(body)
-        await self._open_batch(batch_id, user)
+        batch = await self._open_batch(batch_id, user)
+        await self._check_budget(str(batch.billing_project))
         update = await self._db(self.store.update_by_token, batch_id, update_spec.token)
         if update is not None and update.committed:
             return {"update_id": update.update_id, "start_job_id": update.start_job_id,
@@ -298,7 +309,8 @@ class Commands:
     async def open_update(self, batch_id: int, body: Any, user: User) -> dict[str, Any]:
         await self._check_not_frozen()
         spec = parse_update_spec(body)
-        await self._open_batch(batch_id, user)
+        batch = await self._open_batch(batch_id, user)
+        await self._check_budget(str(batch.billing_project))
         update = await self._db(self.store.update_by_token, batch_id, spec.token)
         if update is None:
             update_id, start_job, start_group = await self._allocate_update(

@@ -301,6 +301,22 @@ def batch_page(rows: Sequence[T], batch_id: Callable[[T], int], limit: int = PAG
     return page, (batch_id(page[-1]) if len(rows) > limit else None)
 
 
+def batch_costs_query(batch_ids: Sequence[int]) -> tuple[sa.TextClause, dict[str, Any]]:
+    """Usage and cost per resource of each batch of ``batch_ids`` (a page of the batch list).
+
+    Rows: ``batch_id``, ``resource``, ``resource_usage``, ``cost``.
+    """
+    sql = (
+        "SELECT u.batch_id, u.resource, u.resource_usage, u.resource_usage * r.rate AS cost "
+        "FROM (SELECT batch_id, resource, SUM(resource_usage) AS resource_usage "
+        "FROM aggregated_batch_resources WHERE batch_id IN :batch_ids "
+        "GROUP BY batch_id, resource) u "
+        "JOIN resources r ON r.resource = u.resource ORDER BY u.batch_id, u.resource"
+    )
+    statement = sa.text(sql).bindparams(sa.bindparam("batch_ids", expanding=True))
+    return statement, {"batch_ids": list(batch_ids) or [-1]}
+
+
 def cost_breakdown_query(batch_id: int, job_ids: Sequence[int] | None = None,
                          ) -> tuple[sa.TextClause, dict[str, Any]]:
     """Usage and cost per resource, per job of ``job_ids`` or (``None``) for the whole batch.

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from core.billing import msec_mcpu
 from core.errors import BadRequest, NotFound
 from core.query import parse_batch_query, parse_job_query
 from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
@@ -75,7 +77,8 @@ def batch_status(row: Any, counts: Any, cost_rows: Any) -> dict[str, Any]:
         "time_created": format_time_ms(row.time_created_ms),
         "time_closed": format_time_ms(row.time_closed_ms),
         "time_completed": format_time_ms(row.time_completed_ms),
-        "duration_ms": dur, "duration": humanize_ms(dur), "msec_mcpu": 0,
+        "duration_ms": dur, "duration": humanize_ms(dur),
+        "msec_mcpu": msec_mcpu({str(r): int(u or 0) for r, u, _ in cost_rows}),
         "cost": cost, "cost_breakdown": breakdown,
     }
     attrs = _attributes(row.attributes)
@@ -123,10 +126,11 @@ class Reads:
         stmt, params = query_sql.batch_list_query(user, filters, last_batch_id=last_batch_id)
         rows = self.store.rows(stmt, **params)
         page, last = query_sql.batch_page(rows, lambda r: int(r.id))
+        costs = self._costs_by(query_sql.batch_costs_query([int(r.id) for r in page]),
+                               "batch_id")
         out: dict[str, Any] = {"batches": [
             batch_status(r, (r.n_jobs, r.n_completed, r.n_succeeded, r.n_failed,
-                             r.n_cancelled), [])
-            | {"cost": float(r.cost or 0)} for r in page]}
+                             r.n_cancelled), costs.get(int(r.id), [])) for r in page]}
         if last is not None:
             out["last_batch_id"] = last
         return out
@@ -186,19 +190,33 @@ class Reads:
                                                 filters=filters, last_job_id=last_job_id)
         page, last = query_sql.job_page(self.store.rows(stmt, **params),
                                         lambda r: int(r.job_id))
-        out: dict[str, Any] = {"jobs": [self._job_entry(r) for r in page]}
+        costs = self._costs_by(query_sql.cost_breakdown_query(
+            batch_id, [int(r.job_id) for r in page]), "job_id")
+        out: dict[str, Any] = {"jobs": [self._job_entry(r, costs.get(int(r.job_id), []))
+                                        for r in page]}
         if last is not None:
             out["last_job_id"] = last
         return out
 
+    def _costs_by(self, query: tuple[Any, dict[str, Any]], key: str
+                  ) -> dict[int, list[tuple[str, int, Any]]]:
+        """Cost rows (resource, usage, cost) grouped by the ``key`` column."""
+        out: dict[int, list[tuple[str, int, Any]]] = {}
+        for r in self.store.rows(query[0], **query[1]):
+            out.setdefault(int(getattr(r, key)), []).append(
+                (str(r.resource), int(r.resource_usage), r.cost))
+        return out
+
     @staticmethod
-    def _job_entry(r: Any) -> dict[str, Any]:
+    def _job_entry(r: Any, cost_rows: Sequence[tuple[str, int, Any]] = ()) -> dict[str, Any]:
+        cost, breakdown = _cost(cost_rows)
         return {
             "batch_id": int(r.batch_id), "job_id": int(r.job_id), "name": getattr(r, "name", None),
             "user": r.user, "billing_project": r.billing_project, "state": r.state,
             "exit_code": r.exit_code, "end_time": format_time_ms(r.end_time_ms),
             "duration": duration_ms(r.start_time_ms, r.end_time_ms, _now()),
-            "cost": float(getattr(r, "cost", 0) or 0), "msec_mcpu": 0, "cost_breakdown": [],
+            "cost": cost, "msec_mcpu": msec_mcpu({res: u for res, u, _ in cost_rows}),
+            "cost_breakdown": breakdown,
             "always_run": bool(r.always_run), "display_state": None,
         }
 
@@ -209,10 +227,9 @@ class Reads:
             raise NotFound(f"job {batch_id}.{job_id} not found")
         attrs = {k: v for k, v in self.store.rows(_JOB_ATTRS, b=batch_id, j=job_id)}
         stmt, params = query_sql.cost_breakdown_query(batch_id, [job_id])
-        cost, breakdown = _cost([(c.resource, c.resource_usage, c.cost)
-                                 for c in self.store.rows(stmt, **params)])
-        out = {**self._job_entry(r), "name": attrs.get("name"), "cost": cost,
-               "cost_breakdown": breakdown,
+        cost_rows = [(str(c.resource), int(c.resource_usage), c.cost)
+                     for c in self.store.rows(stmt, **params)]
+        out = {**self._job_entry(r, cost_rows), "name": attrs.get("name"),
                "status": json.loads(r.status) if r.status else None,
                "spec": json.loads(r.spec), "inst_coll": r.inst_coll}
         if attrs:

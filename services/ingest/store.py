@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -159,6 +160,15 @@ class Store:
             "m.billing_project = p.name AND m.user = :u) FROM billing_projects p "
             "WHERE p.name = :n", n=name, u=user)
         return None if row is None else (str(row[0]), bool(row[1]))
+
+    def budget(self, name: str) -> tuple[Decimal, Decimal] | None:
+        """(limit, accrued cost) of a billing project that has a limit, else None."""
+        row = self.one(
+            "SELECT p.limit_usd, (SELECT COALESCE(SUM(a.resource_usage * r.rate), 0) FROM "
+            "aggregated_billing_project_resources a JOIN resources r ON r.resource = a.resource "
+            "WHERE a.billing_project = p.name) FROM billing_projects p "
+            "WHERE p.name = :n AND p.limit_usd IS NOT NULL", n=name)
+        return None if row is None else (Decimal(row[0]), Decimal(row[1]))
 
     # --- attempts ---------------------------------------------------------------------------
     def latest_attempt_id(self, batch_id: int, job_id: int) -> str | None:

@@ -15,7 +15,11 @@ A round, as in the reference's driver loops:
    are delivered with a short timeout; a worker that refuses one makes the attempt lost (a new
    attempt follows), a worker that does not answer gets the same attempt again later;
 4. every ``autoscale_s``: lost and never-activated instances are deleted (their attempts lost),
-   idle ones deactivated and deleted, and the autoscaler's plan is created.
+   idle ones deactivated and deleted, and the autoscaler's plan is created;
+5. every ``budget_s``: batches of billing projects at or over their limit are cancelled.
+
+SJs carry what their attempt is billed for (:func:`core.billing.attempt_resources`, at the latest
+version of each product folded from the control topic), so billing replays exactly.
 """
 
 from __future__ import annotations
@@ -27,15 +31,21 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Self
 
+import msgspec
+import sqlalchemy as sa
+
 from core.autoscale import JobPrivateConfig, PoolConfig, plan
+from core.billing import attempt_resources
 from core.policy import Tiers
-from core.resources import default_config
+from core.resources import JOB_PRIVATE, default_config
 from core.scheduler_state import SchedulerState
 from core.scheduling import cancellations, failure_cancellations, schedule
+from schemas.batch import BatchCancelled
 from schemas.events import AnyEvent
-from schemas.execution import AttemptLost
+from schemas.execution import AttemptLost, JobScheduled
 from schemas.infra import InstanceCreated, InstanceDeactivated, InstanceDeleted, InstanceRequested
 from services.common.log import LogError, Publisher, now_ms
+from services.scheduler.budget import Budgets
 from services.scheduler.dispatch import Attempt, Delivery, WorkerClient
 from services.scheduler.drivers import ComputeDriver, InstanceSpec
 from services.scheduler.policy import PriorityPolicy, QuotaSettings, parse_quotas
@@ -61,7 +71,8 @@ class Leader:
     """The acting scheduler of one epoch; an async context manager (see the module docstring)."""
 
     def __init__(self, view: View, sched: SchedulerSettings, driver: ComputeDriver,
-                 publisher: Publisher, *, clock: Callable[[], float] = time.monotonic) -> None:
+                 publisher: Publisher, *, clock: Callable[[], float] = time.monotonic,
+                 budgets: Budgets | None = None) -> None:
         self._view = view
         self._sched = sched
         self._driver = driver
@@ -87,6 +98,9 @@ class Leader:
         self._background: set[asyncio.Task[None]] = set()
         self._next_maintenance = 0.0
         self._next_redelivery = 0.0
+        self._budgets = budgets
+        self._next_budget = 0.0
+        self._budget_cancelled: set[int] = set()
         self.rounds = 0
 
     async def __aenter__(self) -> Self:
@@ -138,7 +152,23 @@ class Leader:
         if now >= self._next_maintenance:
             self._next_maintenance = now + self._sched.autoscale_s
             busy = await self._maintain(now) or busy
+        if self._budgets is not None and now >= self._next_budget:
+            self._next_budget = now + self._sched.budget_s
+            busy = await self._enforce_budgets(self._budgets) or busy
         return busy
+
+    async def _enforce_budgets(self, budgets: Budgets) -> bool:
+        """Cancel the batches of billing projects that reached their limit (once each)."""
+        try:
+            over = await budgets.over_limit()
+        except sa.exc.SQLAlchemyError as e:
+            log.warning("billing limits not checked (retrying later): %s", e)
+            return False
+        new = [b for b in over if b not in self._budget_cancelled]
+        if new:
+            log.info("cancelling batches %s: their billing projects reached their limits", new)
+        self._budget_cancelled.update(new)
+        return await self._emit([BatchCancelled(batch_id=b, reason="billing_limit") for b in new])
 
     # --- publishing --------------------------------------------------------------------------
     async def _emit(self, events: Sequence[AnyEvent]) -> bool:
@@ -174,10 +204,20 @@ class Leader:
         busy = await self._emit(decisions.unschedulable)
         if not decisions.scheduled:
             return busy
-        await self._emit(decisions.scheduled)
+        scheduled = [self._billed(sj) for sj in decisions.scheduled]
+        await self._emit(scheduled)
         await self._deliver([(sj.batch_id, sj.job_id, sj.attempt_id, sj.instance_name)
-                             for sj in decisions.scheduled], now)
+                             for sj in scheduled], now)
         return True
+
+    def _billed(self, sj: JobScheduled) -> JobScheduled:
+        """The SJ with what its attempt is billed for (a job-private one bills its machine)."""
+        machine = self._view.machines.get(sj.instance_name)
+        if machine is None:
+            return sj
+        cores = machine.worker_cores_mcpu if sj.inst_coll == JOB_PRIVATE else sj.cores_mcpu
+        return msgspec.structs.replace(sj, resources=attempt_resources(
+            cores, machine, self._view.latest_versions))
 
     async def _deliver(self, attempts: Sequence[tuple[int, int, str, str]], now: float) -> None:
         async def one(batch_id: int, job_id: int, attempt_id: str, instance: str) -> Delivery:

@@ -32,6 +32,7 @@ from services.common.log import (
     high_watermarks,
 )
 from services.common.settings import Settings
+from services.scheduler.budget import Budgets
 from services.scheduler.drivers import ComputeDriver
 from services.scheduler.leader import Leader
 from services.scheduler.lease import Lease
@@ -40,7 +41,7 @@ from services.scheduler.view import View
 
 log = logging.getLogger(__name__)
 
-FOLDED_TOPICS = (topics.BATCH, topics.SCHEDULER)
+FOLDED_TOPICS = (topics.BATCH, topics.SCHEDULER, topics.CONTROL)
 
 
 class Scheduler:
@@ -107,9 +108,11 @@ class Scheduler:
             await self.caught_up()
             self.epoch = epoch
             log.info("scheduler %s elected with epoch %d", self._sched.scheduler_id, epoch)
-            self.leader = Leader(self.view, self._sched, self._driver, publisher)
-            async with self.leader:
-                return await self._lead(stop, epoch)
+            async with Budgets(self._settings.db) as budgets:
+                self.leader = Leader(self.view, self._sched, self._driver, publisher,
+                                     budgets=budgets)
+                async with self.leader:
+                    return await self._lead(stop, epoch)
 
     async def _lead(self, stop: asyncio.Event, epoch: int) -> str:
         assert self.leader is not None

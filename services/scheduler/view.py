@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from core.billing import Machine, fold_version, machine_of
 from core.scheduler_state import SchedulerState
+from schemas.control import ResourceRateSet
 from schemas.envelope import Envelope
-from schemas.infra import InstanceActivated, InstanceDeleted
+from schemas.infra import InstanceActivated, InstanceDeleted, InstanceRequested
 from services.common.log import Record
 
 
@@ -16,6 +18,10 @@ class View:
     def __init__(self) -> None:
         self.state = SchedulerState()
         self.addresses: dict[str, str] = {}
+        self.machines: dict[str, Machine] = {}
+        """What each instance is, as billing sees it."""
+        self.latest_versions: dict[str, str] = {}
+        """The latest version of each billed product (new attempts are billed at it)."""
         self.positions: dict[tuple[str, int], int] = {}
         """The next offset to fold, per (logical topic, partition)."""
         self.changed = asyncio.Event()
@@ -33,8 +39,14 @@ class View:
         match env.event:
             case InstanceActivated() as e:
                 self.addresses[e.instance_name] = e.address
+            case InstanceRequested() as e:
+                self.machines[e.instance_name] = machine_of(e.inst_coll, e.machine_type,
+                                                            e.preemptible, e.cores_mcpu)
             case InstanceDeleted() as e:
                 self.addresses.pop(e.instance_name, None)
+                self.machines.pop(e.instance_name, None)
+            case ResourceRateSet() as e:
+                fold_version(self.latest_versions, e.resource)
             case _:
                 pass
 

@@ -1,4 +1,4 @@
-"""First start of a local system: a developer user, a billing project and a token.
+"""First start of a local system: a developer user, a billing project, a token, default rates.
 
 Runs after the services are up (the projector must apply the control events). When the user
 already exists nothing happens: the token printed on the first start stays in
@@ -20,7 +20,7 @@ from schemas.control import (
     UserCreated,
 )
 from schemas.events import AnyEvent
-from services.ingest.admin import append, new_token
+from services.ingest.admin import append, known_rates, missing_default_rates, new_token
 from services.stack.config import StackConfig
 
 DEV_USER = "dev"
@@ -58,6 +58,10 @@ def ensure_dev_user(cfg: StackConfig, url: str, say: Callable[[str], None]) -> N
         events += [UserCreated(user=DEV_USER, is_developer=True),
                    BillingProjectCreated(billing_project=DEV_PROJECT),
                    BillingProjectMemberAdded(billing_project=DEV_PROJECT, user=DEV_USER)]
+    rates = missing_default_rates(known_rates(cfg.settings))
+    if rates:
+        asyncio.run(append(cfg.settings, list(rates), wait_s=60))
+        say(f"default rates set for {len(rates)} resources")
     if not events and token_file.exists():
         say(f"dev user: {DEV_USER!r}, token in {token_file}")
         return
