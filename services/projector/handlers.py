@@ -13,6 +13,9 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
+from core.billing import billable
+from core.completions import completion_ops
+from core.projection.billing import Billed, accrue
 from core.projection.cancel import Cancellable, plan_cancel
 from core.projection.commit import BatchBefore, CommitJob, plan_commit
 from core.projection.execution import Child, JobFacts, move, release_children
@@ -25,7 +28,7 @@ from core.projection.fold import (
     fold_update_opened,
 )
 from core.projection.ops import InsertIgnore, Update, UpdateIn
-from schemas.base import CancelReason, JobState
+from schemas.base import AttemptResource, CancelReason, JobState
 from schemas.batch import (
     BatchCancelled,
     BatchCreated,
@@ -94,7 +97,18 @@ _GROUP_PROGRESS = _t(
     "SELECT c.job_group_id, c.n_jobs, c.n_completed, g.state FROM job_group_job_counts c "
     "JOIN job_groups g ON g.batch_id = c.batch_id AND g.job_group_id = c.job_group_id "
     "WHERE c.batch_id = :b AND c.job_group_id IN :groups", "groups")
+_COMPLETION_COUNTS = _t(
+    "SELECT job_group_id, n_jobs, n_succeeded, n_failed, n_cancelled FROM job_group_job_counts "
+    "WHERE batch_id = :b AND job_group_id IN :groups", "groups")
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
+_BILLING = sa.text(
+    "SELECT a.start_time_ms, a.rollup_time_ms, a.end_time_ms, r.resource, r.quantity, "
+    "j.job_group_id, b.billing_project, b.user FROM attempts a "
+    "JOIN attempt_resources r ON r.batch_id = a.batch_id AND r.job_id = a.job_id "
+    "AND r.attempt_id = a.attempt_id "
+    "JOIN jobs j ON j.batch_id = a.batch_id AND j.job_id = a.job_id "
+    "JOIN batches b ON b.id = a.batch_id "
+    "WHERE a.batch_id = :b AND a.job_id = :j AND a.attempt_id = :a")
 
 
 class Handler:
@@ -136,9 +150,8 @@ class Handler:
             case JobCompleted():
                 self._completed(event, now)
             case AttemptHeartbeat():
-                self._w.emit([Update("attempts", {"rollup_time_ms": event.rollup_time_ms}, {
-                    "batch_id": event.batch_id, "job_id": event.job_id,
-                    "attempt_id": event.attempt_id})])
+                self._bill(event.batch_id, event.job_id, event.attempt_id,
+                           event.rollup_time_ms)
             case AttemptLost():
                 self._lost(event, now)
             case JobCancelled():
@@ -198,6 +211,13 @@ class Handler:
         self._w.emit([plan.batch, *plan.groups, Update(
             "batch_updates", {"committed": True, "time_committed_ms": now},
             {"batch_id": b, "update_id": u})])
+        # Groups the commit left with no unfinished job (new empty ones; the batch when the
+        # update added none) completed: their outbox rows go in this transaction.
+        done = [int(g.where["job_group_id"] or 0) for g in plan.groups
+                if g.values["state"] == "complete"]
+        if done:
+            self._w.emit(completion_ops(b, self._read(_COMPLETION_COUNTS, b=b, groups=done),
+                                        cancelled, now))
 
     def _cancelled_groups(self, batch_id: int) -> frozenset[int]:
         """Groups cancelled directly or through an ancestor (rows exist for descendants)."""
@@ -237,19 +257,48 @@ class Handler:
             "batch_id": batch_id, "job_id": job_id, "attempt_id": attempt_id,
             "instance_name": instance}])])
 
+    def _attempt_resources(self, b: int, j: int, attempt_id: str,
+                           resources: Sequence[AttemptResource]) -> None:
+        if resources:
+            self._w.emit([InsertIgnore("attempt_resources", [{
+                "batch_id": b, "job_id": j, "attempt_id": attempt_id,
+                "resource": r.resource, "quantity": r.quantity} for r in resources])])
+
+    def _bill(self, b: int, j: int, attempt_id: str, to_ms: int, *,
+              start_ms: int | None = None, end_ms: int | None = None) -> None:
+        """Bill an attempt from its last rollup time to ``to_ms`` (a heartbeat, its end).
+
+        ``start_ms``/``end_ms`` are what the event knows when the attempt row does not yet (an
+        MJC that overtook its MJS). Only ever moves the rollup time forward, so duplicates and
+        late heartbeats bill nothing.
+        """
+        rows = self._read(_BILLING, b=b, j=j, a=attempt_id)
+        if not rows:
+            return  # never scheduled with resources: nothing to bill
+        first = rows[0]
+        start = first.start_time_ms if first.start_time_ms is not None else start_ms
+        end = first.end_time_ms if first.end_time_ms is not None else end_ms
+        interval = billable(start, first.rollup_time_ms, end, to_ms)
+        if interval is None:
+            return
+        who = Billed(b, j, self._ancestors(b, int(first.job_group_id)),
+                     str(first.billing_project), str(first.user))
+        resources = [AttemptResource(resource=str(r.resource), quantity=int(r.quantity))
+                     for r in rows]
+        self._w.emit(accrue(who, resources, *interval, self._token))
+        self._w.emit([Update("attempts", {"rollup_time_ms": interval[1]},
+                             {"batch_id": b, "job_id": j, "attempt_id": attempt_id})])
+
     def _start(self, event: JobScheduled | JobStarted, now: int) -> None:
         """SJ or MJS: the attempt exists; a Ready (or Creating) job becomes Running.
 
         MJS may overtake SJ, and either may be duplicated: the first one moves the job."""
         b, j = event.batch_id, event.job_id
         self._attempt(b, j, event.attempt_id, event.instance_name)
+        self._attempt_resources(b, j, event.attempt_id, event.resources)
         if isinstance(event, JobStarted):
             self._w.emit([Update("attempts", {"start_time_ms": event.start_time_ms},
                                  {"batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
-            if event.resources:
-                self._w.emit([InsertIgnore("attempt_resources", [{
-                    "batch_id": b, "job_id": j, "attempt_id": event.attempt_id,
-                    "resource": r.resource, "quantity": r.quantity} for r in event.resources])])
         row = self._job(b, j)
         if row is None:
             return
@@ -269,14 +318,12 @@ class Handler:
         """MJC: the first completion of a job decides its state; duplicates only fill times."""
         b, j = event.batch_id, event.job_id
         self._attempt(b, j, event.attempt_id, event.instance_name)
+        self._attempt_resources(b, j, event.attempt_id, event.resources)
+        self._bill(b, j, event.attempt_id, event.end_time_ms, start_ms=event.start_time_ms,
+                   end_ms=event.end_time_ms)
         self._w.emit([Update("attempts", {
-            "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms,
-            "rollup_time_ms": event.end_time_ms}, {
+            "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms}, {
             "batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
-        if event.resources:
-            self._w.emit([InsertIgnore("attempt_resources", [{
-                "batch_id": b, "job_id": j, "attempt_id": event.attempt_id,
-                "resource": r.resource, "quantity": r.quantity} for r in event.resources])])
         row = self._job(b, j)
         if row is None or row.state in _COMPLETE:
             return
@@ -287,6 +334,7 @@ class Handler:
 
     def _lost(self, event: AttemptLost, now: int) -> None:
         b, j = event.batch_id, event.job_id
+        self._bill(b, j, event.attempt_id, event.end_time_ms, end_ms=event.end_time_ms)
         self._w.emit([Update("attempts", {"end_time_ms": event.end_time_ms,
                                           "reason": event.reason},
                              {"batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
@@ -340,12 +388,17 @@ class Handler:
                 if flag:
                     set_values |= {"cancelled": True, "cancel_reason": "parent_failed"}
                 self._w.emit([UpdateIn("jobs", set_values, {"batch_id": b}, "job_id", ids)])
+        done: list[int] = []
         for group, n_jobs, n_completed, group_state in self._read(
                 _GROUP_PROGRESS, b=b, groups=ancestors):
             if n_completed == n_jobs and group_state != "complete":
+                done.append(int(group))
                 self._w.emit([Update("job_groups", {"state": "complete",
                                                     "time_completed_ms": now},
                                      {"batch_id": b, "job_group_id": int(group)})])
                 if int(group) == 0:
                     self._w.emit([Update("batches", {"state": "complete",
                                                      "time_completed_ms": now}, {"id": b})])
+        if done:  # the outbox rows of what completed, in the same transaction
+            self._w.emit(completion_ops(b, self._read(_COMPLETION_COUNTS, b=b, groups=done),
+                                        self._cancelled_groups(b), now))

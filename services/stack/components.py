@@ -34,6 +34,7 @@ SERVICES: list[ServiceSpec] = [
     ServiceSpec("projector", ("-m", "services.projector"), port_offset=None),
     ServiceSpec("ingest", ("-m", "services.ingest", "--port", "{port}"), port_offset=0),
     ServiceSpec("scheduler", ("-m", "services.scheduler"), port_offset=None),
+    ServiceSpec("completions", ("-m", "services.completions"), port_offset=None),
 ]
 
 

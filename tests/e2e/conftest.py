@@ -35,7 +35,7 @@ from schemas.events import AnyEvent
 from services.common import procs
 from services.common.log import Publisher, bootstrap_topics
 from services.common.settings import DatabaseSettings, LogSettings, load_settings
-from services.ingest.admin import new_token
+from services.ingest.admin import missing_default_rates, new_token
 from services.ingest.store import Store
 from services.scheduler.drivers.local import reap_instances
 
@@ -131,8 +131,10 @@ def _spawn(args: list[str], env: dict[str, str], log: Path) -> Any:
 
 
 def start_system(broker: str, db: DatabaseSettings, tmp: Path, *,
-                 scheduler_env: dict[str, str] | None = None) -> Iterator[System]:
-    """Projector and ingest (plus a scheduler if ``scheduler_env`` is given) as processes."""
+                 scheduler_env: dict[str, str] | None = None,
+                 completions_env: dict[str, str] | None = None) -> Iterator[System]:
+    """Projector and ingest (plus a scheduler if ``scheduler_env`` is given, and the
+    completions service if ``completions_env`` is) as processes."""
     log = msgspec.structs.replace(load_settings().log, bootstrap_servers=broker, partitions=4,
                                   topic_prefix=f"e{uuid.uuid4().hex[:10]}-")
     asyncio.run(bootstrap_topics(log))
@@ -144,6 +146,9 @@ def start_system(broker: str, db: DatabaseSettings, tmp: Path, *,
     services = [_spawn(["-m", "services.projector"], env, tmp / "projector.log")]
     ingest = _spawn(["-m", "services.ingest", "--port", str(port)], env, tmp / "ingest.log")
     services.append(ingest)
+    if completions_env is not None:
+        services.append(_spawn(["-m", "services.completions"], {**env, **completions_env},
+                               tmp / "completions.log"))
     engine = sa.create_engine(db.url())
     sys_ = None
     try:
@@ -158,7 +163,8 @@ def start_system(broker: str, db: DatabaseSettings, tmp: Path, *,
                      UserCreated(user="boss", is_developer=True),
                      TokenIssued(user="boss", token_id=dev_token_id, token_sha256=dev_digest),
                      BillingProjectCreated(billing_project="e2e"),
-                     BillingProjectMemberAdded(billing_project="e2e", user="tester")])
+                     BillingProjectMemberAdded(billing_project="e2e", user="tester"),
+                     *missing_default_rates({})])
         if scheduler_env is not None:
             sys_.start_scheduler("scheduler-a", scheduler_env, leader=True)
         yield sys_

@@ -364,11 +364,45 @@ async def wait_batch(c: aioclient.BatchClient, batch_id: str) -> dict[str, Any]:
     return {"batch": status, "states": states(jobs), "attempts": attempts}
 
 
-SCENARIOS = {f.__name__: f for f in (create_fast_dependency, big_batch, updates, groups, queries,
-                                     token_idempotent, errors, billing_member,
-                                     billing_developer, run_basic, dag, cancel, n_failures,
-                                     job_groups_run, machine_types, many_noops, submit_sleepers,
-                                     wait_batch)}
+async def submit_refused(c: aioclient.BatchClient) -> dict[str, Any]:
+    """Try to submit one job; the HTTP status and message of the refusal (or the batch id)."""
+    b = c.create_batch()
+    b.create_job("ubuntu:24.04", ["true"], resources={"cpu": "0.25"})
+    try:
+        await b.submit(disable_progress_bar=True)
+    except Exception as e:  # the client raises its own ClientResponseError
+        return {"status": getattr(e, "status", None), "message": str(e)}
+    return {"id": b.id}
+
+
+async def billed_batch(c: aioclient.BatchClient) -> dict[str, Any]:
+    """Two sleepers run to completion; the batch, its jobs (listed) and each job's status."""
+    b = c.create_batch()
+    for seconds in ("3", "4"):
+        b.create_job("ubuntu:24.04", ["sleep", seconds], resources={"cpu": "0.25"})
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    listed = await jobs_of(b.get_job_group(0))
+    jobs = {j["job_id"]: await (await b.get_job(j["job_id"])).status() for j in listed}
+    return {"batch": status, "listed": listed, "jobs": jobs}
+
+
+async def callbacks(c: aioclient.BatchClient, batch_url: str, group_url: str) -> dict[str, Any]:
+    b = c.create_batch(attributes={"name": "called-back"}, callback=batch_url)
+    g = b.create_job_group(attributes={"name": "grouped"}, callback=group_url)
+    g.create_job("ubuntu:24.04", ["true"])
+    b.create_job("ubuntu:24.04", ["false"])
+    await b.submit(disable_progress_bar=True)
+    status = await b.wait(disable_progress_bar=True)
+    return {"id": b.id, "batch": status, "group": await g.status(),
+            "group_id": g.job_group_id}
+
+
+SCENARIOS = {f.__name__: f for f in (
+    create_fast_dependency, big_batch, updates, groups, queries, token_idempotent, errors,
+    billing_member, billing_developer, run_basic, dag, cancel, n_failures, job_groups_run,
+    machine_types, many_noops, submit_sleepers, wait_batch, callbacks, submit_refused,
+    billed_batch)}
 
 
 async def main() -> None:

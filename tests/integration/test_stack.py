@@ -256,7 +256,7 @@ async def test_status_reports_consumer_lag_from_the_database(stack: Stack) -> No
 def test_down_stops_everything_and_is_idempotent(stack: Stack) -> None:
     stack.run("up", "--quiet")
     pids = stack.recorded_pids()
-    assert set(pids) == {"seaweed", "tansu", "projector", "ingest", "scheduler"}
+    assert set(pids) == {"seaweed", "tansu", "projector", "ingest", "scheduler", "completions"}
     out = stack.run("down").stdout
     assert "tansu: stopped" in out and "seaweed: stopped" in out
     assert out.index("projector: stopped") < out.index("tansu: stopped")

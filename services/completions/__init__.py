@@ -1,0 +1,1 @@
+"""The completions service: the outbox relay to the completions topic, and HTTP callbacks."""
