@@ -4,8 +4,9 @@
 tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it afterwards.
 ``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
 batch status latency. ``execution``: a private full stack runs ``--exec-jobs`` no-op jobs end to
-end, beside the machine's process-spawn rate. With no scenario named, all run. Prints a table
-per scenario and writes the same as JSON to bench/results/.
+end, beside the machine's process-spawn rate. ``replay``: a generated log of ``--replay-jobs``
+jobs replayed into a fresh database as the audit's rebuild does. With no scenario named, all
+run. Prints a table per scenario and writes the same as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench import execution, ingest_throughput, log_throughput
+from bench import execution, ingest_throughput, log_throughput, replay
 from services.common import procs
 from services.common.settings import load_settings
 
@@ -60,14 +61,16 @@ def _broker(stack: ExitStack, durable: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenarios", nargs="*", help="log, ingest, execution (default: all)")
+    parser.add_argument("scenarios", nargs="*",
+                        help="log, ingest, execution, replay (default: all)")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--exec-jobs", type=int, default=10_000)
+    parser.add_argument("--replay-jobs", type=int, default=4_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
     args = parser.parse_args()
-    known = ["log", "ingest", "execution"]
+    known = ["log", "ingest", "execution", "replay"]
     scenarios = args.scenarios or known
     unknown = set(scenarios) - set(known)
     if unknown:
@@ -85,6 +88,10 @@ def main() -> None:
         results["ingest"] = ingest_throughput.run(args.jobs)
     if "execution" in scenarios:
         results["execution"] = execution.run(args.exec_jobs)
+    if "replay" in scenarios:
+        with ExitStack() as stack:
+            results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
+                                           args.replay_jobs)
     for name, figures in results.items():
         table = Table(title=name)
         table.add_column("figure")

@@ -1,0 +1,185 @@
+"""Replay figures: how fast ``python -m services.audit rebuild`` folds the log into a database.
+
+Generates a realistic log on a fresh topic prefix: users, billing projects and rates on the
+control topic; batches of ``batch_size`` jobs (created, one update, bunches of up to 1,024 jobs,
+committed; one job in ten depends on the job before it; one in twenty fails) and, per job, SJ,
+MJS and MJC with billed resources, the execution events of many batches interleaved as a busy
+scheduler appends them. Then replays every partition into a freshly migrated database through
+the projector's sink (:func:`services.audit.replay.replay`, as the rebuild does) and reports
+events per second, with where the time went: in the sink (handlers, SQL, commits) or waiting
+for the log, and the SQL write statements per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import msgspec
+import sqlalchemy as sa
+from sqlalchemy.pool import NullPool
+
+from core.billing import attempt_resources, default_rates, machine_of
+from schemas.base import AttemptResource, JobResources
+from schemas.batch import BatchCreated, JobRecord, JobsSubmitted, UpdateCommitted, UpdateOpened
+from schemas.control import (
+    BillingProjectCreated,
+    BillingProjectMemberAdded,
+    ResourceRateSet,
+    UserCreated,
+)
+from schemas.events import AnyEvent
+from schemas.execution import JobCompleted, JobScheduled, JobStarted
+from services.audit.replay import ReplayStats, replay, spans
+from services.common.log import Publisher, bootstrap_topics, delete_topics, high_watermarks
+from services.common.settings import ALL_TOPICS, LogSettings, load_settings, projector_consumer
+from services.projector.app import PROJECTED_TOPICS
+from services.projector.sink import Sink
+from sql.migrate import apply_migrations
+
+T0 = 1_767_225_600_000
+BUNCH = 1_024
+USERS = 20
+RESOURCES = attempt_resources(1000, machine_of("standard", "n1-standard-16", True, 16_000))
+
+
+def control_events() -> list[AnyEvent]:
+    events: list[AnyEvent] = [ResourceRateSet(resource=r, rate=Decimal(rate))
+                              for r, rate in sorted(default_rates().items())]
+    for u in range(USERS):
+        events += [UserCreated(user=f"user{u}"), BillingProjectCreated(billing_project=f"bp{u}"),
+                   BillingProjectMemberAdded(billing_project=f"bp{u}", user=f"user{u}")]
+    return events
+
+
+def _job(job_id: int, rnd: random.Random) -> JobRecord:
+    parents = [job_id - 1] if job_id > 1 and rnd.random() < 0.1 else []
+    return JobRecord(job_id=job_id, job_group_id=0, parent_ids=parents,
+                     resources=JobResources(cores_mcpu=1000, memory_bytes=3840 << 20),
+                     inst_coll="standard", attributes={"name": f"job-{job_id}"},
+                     spec=f'{{"process": {{"command": ["true"]}}, "job_id": {job_id}}}')
+
+
+def submission(batch_id: int, n_jobs: int, rnd: random.Random) -> tuple[list[AnyEvent],
+                                                                        list[JobRecord]]:
+    u = batch_id % USERS
+    jobs = [_job(j, rnd) for j in range(1, n_jobs + 1)]
+    events: list[AnyEvent] = [
+        BatchCreated(batch_id=batch_id, user=f"user{u}", billing_project=f"bp{u}",
+                     token=f"t{batch_id}", attributes={"name": f"batch-{batch_id}"}),
+        UpdateOpened(batch_id=batch_id, update_id=1, token="u1", n_jobs=n_jobs,
+                     n_job_groups=0, start_job_id=1, start_job_group_id=1)]
+    events += [JobsSubmitted(batch_id=batch_id, update_id=1, jobs=jobs[i:i + BUNCH])
+               for i in range(0, n_jobs, BUNCH)]
+    events.append(UpdateCommitted(batch_id=batch_id, update_id=1, n_jobs=n_jobs,
+                                  n_job_groups=0))
+    return events, jobs
+
+
+def execution(batch_id: int, job: JobRecord, rnd: random.Random,
+              resources: list[AttemptResource], *, may_fail: bool) -> list[AnyEvent]:
+    attempt, worker = f"{batch_id}-{job.job_id}-a", f"worker-{rnd.randrange(8):02d}"
+    start = T0 + 1000 * job.job_id
+    end = start + rnd.randrange(1_000, 60_000)
+    failed = may_fail and rnd.random() < 0.05
+    return [
+        JobScheduled(batch_id=batch_id, job_id=job.job_id, attempt_id=attempt,
+                     instance_name=worker, inst_coll="standard", cores_mcpu=1000,
+                     resources=resources),
+        JobStarted(batch_id=batch_id, job_id=job.job_id, attempt_id=attempt,
+                   instance_name=worker, start_time_ms=start, resources=resources),
+        JobCompleted(batch_id=batch_id, job_id=job.job_id, attempt_id=attempt,
+                     instance_name=worker, state="Failed" if failed else "Success",
+                     exit_code=1 if failed else 0, start_time_ms=start, end_time_ms=end,
+                     resources=resources,
+                     status=msgspec.json.encode({"state": "failed" if failed else "succeeded",
+                                                 "exit_code": 1 if failed else 0}).decode()),
+    ]
+
+
+def generate(n_jobs: int, batch_size: int, seed: int = 7) -> list[AnyEvent]:
+    """The whole log, in append order."""
+    rnd = random.Random(seed)
+    events = control_events()
+    runs: list[list[AnyEvent]] = []
+    for b, start in enumerate(range(0, n_jobs, batch_size), start=1):
+        sub, jobs = submission(b, min(batch_size, n_jobs - start), rnd)
+        events += sub
+        # Only jobs without children fail: a failed parent's child would never run.
+        parents = {p for j in jobs for p in j.parent_ids}
+        runs.append([e for j in jobs for e in execution(b, j, rnd, RESOURCES,
+                                                         may_fail=j.job_id not in parents)])
+    # Execution events of all batches interleaved (each batch's own order kept), wave by wave.
+    for i in range(max(map(len, runs), default=0)):
+        events += [run[i] for run in runs if i < len(run)]
+    return events
+
+
+async def _publish(log: LogSettings, events: list[AnyEvent], chunk: int = 5_000) -> float:
+    t0 = time.perf_counter()
+    async with Publisher(log) as pub:
+        for i in range(0, len(events), chunk):
+            await pub.publish_many(events[i:i + chunk])
+    return time.perf_counter() - t0
+
+
+async def _replay(log: LogSettings, engine: sa.Engine, batch_size: int, lanes: int
+                  ) -> ReplayStats:
+    marks = await high_watermarks(log, PROJECTED_TOPICS)
+    sink = Sink(engine, consumer=projector_consumer(log))
+    return await replay(log, sink, spans({}, marks, PROJECTED_TOPICS), batch_size=batch_size,
+                        lanes=lanes)
+
+
+def _figures(stats: ReplayStats, lanes: int) -> dict[str, Any]:
+    busy = stats.wall_s * lanes
+    return {
+        "seconds": round(stats.wall_s, 2),
+        "events_per_s": round(stats.events_per_s),
+        "sink_share": round(stats.apply_s / busy, 3) if busy else 0,
+        "waiting_for_log_share": round(stats.wait_s / busy, 3) if busy else 0,
+        "transactions": stats.transactions,
+    }
+
+
+def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
+        replay_batch: int = 5_000, lanes: tuple[int, ...] = (1, 4)) -> dict[str, Any]:
+    """Publish a generated log, then replay it once per entry of ``lanes`` (fresh databases)."""
+    settings = load_settings()
+    log = msgspec.structs.replace(settings.log, bootstrap_servers=bootstrap,
+                                  topic_prefix=f"bench-replay-{uuid.uuid4().hex[:8]}-")
+    events = generate(n_jobs, batch_size)
+    asyncio.run(bootstrap_topics(log))
+    try:
+        publish_s = asyncio.run(_publish(log, events))
+        out: dict[str, Any] = {"jobs": n_jobs, "events": len(events),
+                               "partitions": log.partitions,
+                               "publish_events_per_s": round(len(events) / publish_s)}
+        for n in lanes:
+            db = msgspec.structs.replace(settings.db,
+                                         name=f"hs_bench_replay_{uuid.uuid4().hex[:8]}")
+            apply_migrations(db)
+            engine = sa.create_engine(db.url(), poolclass=NullPool)
+            try:
+                stats = asyncio.run(_replay(log, engine, replay_batch, n))
+                with engine.connect() as conn:
+                    done = conn.execute(sa.text("SELECT COUNT(*) FROM jobs WHERE state IN "
+                                                "('Success', 'Failed')")).scalar()
+            finally:
+                engine.dispose()
+                with sa.create_engine(db.url(database=False),
+                                      poolclass=NullPool).begin() as conn:
+                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db.name}`")
+            if done != n_jobs:
+                raise AssertionError(f"the replay ended {done} of {n_jobs} jobs")
+            prefix = "replay" if n == 1 else f"replay_{n}_lanes"
+            out |= {f"{prefix}_{k}": v for k, v in _figures(stats, n).items()}
+            if n == 1:
+                out["write_statements_per_event"] = round(stats.statements / stats.events, 2)
+        return out
+    finally:
+        asyncio.run(delete_topics(log, ALL_TOPICS))
