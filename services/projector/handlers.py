@@ -2,12 +2,22 @@
 
 SQL here only *reads*; every write is an operation applied by the writer. Reads flush the
 writer first, so they see the effects of earlier events of the same batch.
+
+Execution events (SJ, MJS, MJC, heartbeats, losses, job cancels) do not read per event: a
+handler lives for one transaction and keeps what it loaded of each batch (:class:`BatchState`:
+job rows, their attempts and children, group progress, cancelled groups), loading the jobs of
+every execution event of the transaction's records in one query per batch the first time it
+needs one of them (:meth:`Handler.prepare` says which). Loads happen right after a flush, so
+the database and the cache agree then; afterwards every operation the handler emits on a cached
+row also changes the cached copy. Any other event of a batch (a commit, a cancel, ...) drops
+what was cached for it, before and after it is handled.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -28,7 +38,7 @@ from core.projection.fold import (
     fold_update_opened,
 )
 from core.projection.ops import InsertIgnore, Update, UpdateIn
-from schemas.base import AttemptResource, CancelReason, JobState
+from schemas.base import AttemptResource, BatchEvent, CancelReason, JobState
 from schemas.batch import (
     BatchCancelled,
     BatchCreated,
@@ -84,15 +94,19 @@ _CANCELLABLE = _t(
     "FROM job_group_inst_coll_cancellable_resources "
     "WHERE batch_id = :b AND job_group_id IN :groups GROUP BY job_group_id, inst_coll", "groups")
 _OWNER = sa.text("SELECT user FROM batches WHERE id = :b")
-_JOB_ROW = sa.text(
+_JOB_ROWS = _t(
     "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
-    "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.committed, b.user "
-    "FROM jobs j JOIN batches b ON b.id = j.batch_id WHERE j.batch_id = :b AND j.job_id = :j")
-_CHILDREN = sa.text(
-    "SELECT c.job_id, c.job_group_id, c.state, c.cancelled, c.always_run, c.cores_mcpu, "
-    "c.inst_coll, c.n_pending_parents FROM job_parents jp JOIN jobs c ON "
-    "c.batch_id = jp.batch_id AND c.job_id = jp.job_id "
-    "WHERE jp.batch_id = :b AND jp.parent_id = :j AND c.committed")
+    "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.n_pending_parents, b.user, "
+    "b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "WHERE j.batch_id = :b AND j.committed AND j.job_id IN :ids", "ids")
+_ATTEMPT_ROWS = _t(
+    "SELECT a.job_id, a.attempt_id, a.start_time_ms, a.rollup_time_ms, a.end_time_ms, "
+    "r.resource, r.quantity FROM attempts a LEFT JOIN attempt_resources r "
+    "ON r.batch_id = a.batch_id AND r.job_id = a.job_id AND r.attempt_id = a.attempt_id "
+    "WHERE a.batch_id = :b AND a.job_id IN :ids", "ids")
+_CHILD_EDGES = _t(
+    "SELECT parent_id, job_id FROM job_parents WHERE batch_id = :b AND parent_id IN :ids", "ids")
+_LOAD_CHUNK = 5_000
 _GROUP_PROGRESS = _t(
     "SELECT c.job_group_id, c.n_jobs, c.n_completed, g.state FROM job_group_job_counts c "
     "JOIN job_groups g ON g.batch_id = c.batch_id AND g.job_group_id = c.job_group_id "
@@ -101,14 +115,52 @@ _COMPLETION_COUNTS = _t(
     "SELECT job_group_id, n_jobs, n_succeeded, n_failed, n_cancelled FROM job_group_job_counts "
     "WHERE batch_id = :b AND job_group_id IN :groups", "groups")
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
-_BILLING = sa.text(
-    "SELECT a.start_time_ms, a.rollup_time_ms, a.end_time_ms, r.resource, r.quantity, "
-    "j.job_group_id, b.billing_project, b.user FROM attempts a "
-    "JOIN attempt_resources r ON r.batch_id = a.batch_id AND r.job_id = a.job_id "
-    "AND r.attempt_id = a.attempt_id "
-    "JOIN jobs j ON j.batch_id = a.batch_id AND j.job_id = a.job_id "
-    "JOIN batches b ON b.id = a.batch_id "
-    "WHERE a.batch_id = :b AND a.job_id = :j AND a.attempt_id = :a")
+_EXECUTION = (JobScheduled, JobStarted, JobCompleted, AttemptHeartbeat, AttemptLost,
+              JobCancelled, JobUnschedulable)
+
+
+@dataclass(slots=True)
+class JobRow:
+    """The columns of a committed job that execution events read (and change)."""
+
+    job_id: int
+    job_group_id: int
+    state: JobState
+    cancelled: bool
+    always_run: bool
+    cores_mcpu: int
+    inst_coll: str
+    n_attempts: int
+    n_max_attempts: int
+    attempt_id: str | None
+    n_pending_parents: int
+    user: str
+    billing_project: str
+
+
+@dataclass(slots=True)
+class AttemptRow:
+    """An attempt's billing clock and what it is billed for (resource -> quantity per ms)."""
+
+    start_time_ms: int | None = None
+    rollup_time_ms: int | None = None
+    end_time_ms: int | None = None
+    resources: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class BatchState:
+    """What a handler has loaded of one batch during its transaction."""
+
+    jobs: dict[int, JobRow | None] = field(default_factory=dict)
+    """Rows by job id (None: not committed, or not there); children may be here unloaded."""
+    loaded: set[int] = field(default_factory=set)
+    """Jobs whose row, attempts and children are all here."""
+    attempts: dict[tuple[int, str], AttemptRow] = field(default_factory=dict)
+    children: dict[int, list[int]] = field(default_factory=dict)
+    cancelled: frozenset[int] | None = None
+    progress: dict[int, list[Any]] = field(default_factory=dict)
+    """Group -> [n_jobs, n_completed, state]."""
 
 
 class Handler:
@@ -118,6 +170,16 @@ class Handler:
         self._conn = conn
         self._w = writer
         self._token = token
+        self._batches: dict[int, BatchState] = {}
+        self._upcoming: dict[int, set[int]] = defaultdict(set)
+        self._ancestry: dict[tuple[int, int], list[int]] = {}
+
+    def prepare(self, envelopes: Sequence[Envelope]) -> None:
+        """Note the jobs this transaction's execution events touch, to load them together."""
+        for env in envelopes:
+            event = env.event
+            if isinstance(event, _EXECUTION):
+                self._upcoming[event.batch_id].add(event.job_id)
 
     def _read(self, stmt: sa.TextClause, **params: object) -> Sequence[Any]:
         self._w.flush()
@@ -125,6 +187,16 @@ class Handler:
 
     def handle(self, env: Envelope) -> bool:
         """Fold one envelope; False if its tag has no projection (yet)."""
+        event = env.event
+        if isinstance(event, BatchEvent) and not isinstance(event, _EXECUTION):
+            self._batches.pop(event.batch_id, None)
+            try:
+                return self._handle(env)
+            finally:
+                self._batches.pop(event.batch_id, None)
+        return self._handle(env)
+
+    def _handle(self, env: Envelope) -> bool:
         event, now = env.event, env.time_ms
         match event:
             case ControlEvent():
@@ -221,7 +293,10 @@ class Handler:
 
     def _cancelled_groups(self, batch_id: int) -> frozenset[int]:
         """Groups cancelled directly or through an ancestor (rows exist for descendants)."""
-        return frozenset(int(g) for (g,) in self._read(_CANCELLED, b=batch_id))
+        st = self._batch(batch_id)
+        if st.cancelled is None:
+            st.cancelled = frozenset(int(g) for (g,) in self._read(_CANCELLED, b=batch_id))
+        return st.cancelled
 
     def _cancel(self, batch_id: int, group: int, reason: CancelReason, now: int) -> None:
         owner = self._read(_OWNER, b=batch_id)
@@ -237,32 +312,96 @@ class Handler:
                                  cancellable=cancellable, reason=reason, token=self._token,
                                  now_ms=now))
 
-    # --- execution --------------------------------------------------------------------------
-    def _job(self, batch_id: int, job_id: int) -> Any | None:
-        rows = self._read(_JOB_ROW, b=batch_id, j=job_id)
-        return rows[0] if rows and rows[0].committed else None
+    # --- execution: state loaded per batch, kept in step with what is emitted ----------------
+    def _batch(self, batch_id: int) -> BatchState:
+        st = self._batches.get(batch_id)
+        if st is None:
+            st = self._batches[batch_id] = BatchState()
+        return st
+
+    def _job(self, batch_id: int, job_id: int) -> JobRow | None:
+        """A committed job's row (loaded with the other jobs of this transaction), or None."""
+        st = self._batch(batch_id)
+        if job_id not in st.loaded:
+            upcoming = self._upcoming.get(batch_id, set())
+            self._load(batch_id, st, sorted({job_id} | (upcoming - st.loaded)))
+        return st.jobs.get(job_id)
+
+    def _load(self, b: int, st: BatchState, ids: list[int]) -> None:
+        """Rows, attempts and children of ``ids`` (after a flush: the database is current)."""
+        for i in range(0, len(ids), _LOAD_CHUNK):
+            chunk = ids[i:i + _LOAD_CHUNK]
+            self._rows(b, st, chunk)
+            for j in chunk:
+                st.children[j] = []
+            for r in self._read(_ATTEMPT_ROWS, b=b, ids=chunk):
+                key = (int(r.job_id), str(r.attempt_id))
+                att = st.attempts.get(key)
+                if att is None:
+                    att = st.attempts[key] = AttemptRow(r.start_time_ms, r.rollup_time_ms,
+                                                        r.end_time_ms)
+                if r.resource is not None:
+                    att.resources[str(r.resource)] = int(r.quantity)
+            for parent, child in self._read(_CHILD_EDGES, b=b, ids=chunk):
+                st.children[int(parent)].append(int(child))
+            st.loaded.update(chunk)
+
+    def _rows(self, b: int, st: BatchState, ids: Sequence[int]) -> None:
+        """(Re)load job rows only: absent ones are recorded as None (not committed)."""
+        for j in ids:
+            st.jobs[j] = None
+        for r in self._read(_JOB_ROWS, b=b, ids=list(ids)):
+            st.jobs[int(r.job_id)] = JobRow(
+                int(r.job_id), int(r.job_group_id), r.state, bool(r.cancelled),
+                bool(r.always_run), int(r.cores_mcpu), str(r.inst_coll), int(r.n_attempts),
+                int(r.n_max_attempts), r.attempt_id, int(r.n_pending_parents), str(r.user),
+                str(r.billing_project))
 
     def _ancestors(self, batch_id: int, group: int) -> list[int]:
-        return [int(a) for _, a, _ in self._read(_ANCESTRY, b=batch_id, groups=[group])]
+        """The group and its ancestors up to 0 (immutable once the group exists)."""
+        key = (batch_id, group)
+        found = self._ancestry.get(key)
+        if found is None:
+            found = [int(a) for _, a, _ in self._read(_ANCESTRY, b=batch_id, groups=[group])]
+            if found:  # a group not there yet is not remembered as having no ancestors
+                self._ancestry[key] = found
+        return found
 
-    def _facts(self, batch_id: int, row: Any, user: str | None = None) -> JobFacts:
+    def _facts(self, batch_id: int, row: JobRow) -> JobFacts:
         cancelled = not row.always_run and (
-            bool(row.cancelled) or int(row.job_group_id) in self._cancelled_groups(batch_id))
-        return JobFacts(batch_id, int(row.job_id), int(row.job_group_id),
-                        str(user if user is not None else row.user), str(row.inst_coll),
-                        int(row.cores_mcpu), bool(row.always_run), cancelled)
+            row.cancelled or row.job_group_id in self._cancelled_groups(batch_id))
+        return JobFacts(batch_id, row.job_id, row.job_group_id, row.user, row.inst_coll,
+                        row.cores_mcpu, row.always_run, cancelled)
 
-    def _attempt(self, batch_id: int, job_id: int, attempt_id: str, instance: str) -> None:
+    def _attempt(self, batch_id: int, job_id: int, attempt_id: str, instance: str) -> AttemptRow:
+        """The attempt exists (inserted if new); its cached row. Call after :meth:`_job`."""
         self._w.emit([InsertIgnore("attempts", [{
             "batch_id": batch_id, "job_id": job_id, "attempt_id": attempt_id,
             "instance_name": instance}])])
+        attempts = self._batch(batch_id).attempts
+        att = attempts.get((job_id, attempt_id))
+        if att is None:
+            att = attempts[(job_id, attempt_id)] = AttemptRow()
+        return att
 
-    def _attempt_resources(self, b: int, j: int, attempt_id: str,
+    def _attempt_resources(self, b: int, j: int, attempt_id: str, att: AttemptRow,
                            resources: Sequence[AttemptResource]) -> None:
         if resources:
             self._w.emit([InsertIgnore("attempt_resources", [{
                 "batch_id": b, "job_id": j, "attempt_id": attempt_id,
                 "resource": r.resource, "quantity": r.quantity} for r in resources])])
+            for r in resources:
+                att.resources.setdefault(r.resource, r.quantity)
+
+    def _update_attempt(self, b: int, j: int, attempt_id: str, values: dict[str, Any]) -> None:
+        """Set columns of an attempt, in the database and in the cache (if it is there)."""
+        self._w.emit([Update("attempts", values,
+                             {"batch_id": b, "job_id": j, "attempt_id": attempt_id})])
+        att = self._batch(b).attempts.get((j, attempt_id))
+        if att is not None:
+            for column in ("start_time_ms", "rollup_time_ms", "end_time_ms"):
+                if column in values:
+                    setattr(att, column, values[column])
 
     def _bill(self, b: int, j: int, attempt_id: str, to_ms: int, *,
               start_ms: int | None = None, end_ms: int | None = None) -> None:
@@ -272,34 +411,31 @@ class Handler:
         MJC that overtook its MJS). Only ever moves the rollup time forward, so duplicates and
         late heartbeats bill nothing.
         """
-        rows = self._read(_BILLING, b=b, j=j, a=attempt_id)
-        if not rows:
-            return  # never scheduled with resources: nothing to bill
-        first = rows[0]
-        start = first.start_time_ms if first.start_time_ms is not None else start_ms
-        end = first.end_time_ms if first.end_time_ms is not None else end_ms
-        interval = billable(start, first.rollup_time_ms, end, to_ms)
+        row = self._job(b, j)
+        att = self._batch(b).attempts.get((j, attempt_id))
+        if row is None or att is None or not att.resources:
+            return  # never scheduled with resources (or not a committed job): nothing to bill
+        start = att.start_time_ms if att.start_time_ms is not None else start_ms
+        end = att.end_time_ms if att.end_time_ms is not None else end_ms
+        interval = billable(start, att.rollup_time_ms, end, to_ms)
         if interval is None:
             return
-        who = Billed(b, j, self._ancestors(b, int(first.job_group_id)),
-                     str(first.billing_project), str(first.user))
-        resources = [AttemptResource(resource=str(r.resource), quantity=int(r.quantity))
-                     for r in rows]
+        who = Billed(b, j, self._ancestors(b, row.job_group_id), row.billing_project, row.user)
+        resources = [AttemptResource(resource=r, quantity=q)
+                     for r, q in sorted(att.resources.items())]
         self._w.emit(accrue(who, resources, *interval, self._token))
-        self._w.emit([Update("attempts", {"rollup_time_ms": interval[1]},
-                             {"batch_id": b, "job_id": j, "attempt_id": attempt_id})])
+        self._update_attempt(b, j, attempt_id, {"rollup_time_ms": interval[1]})
 
     def _start(self, event: JobScheduled | JobStarted, now: int) -> None:
         """SJ or MJS: the attempt exists; a Ready (or Creating) job becomes Running.
 
         MJS may overtake SJ, and either may be duplicated: the first one moves the job."""
         b, j = event.batch_id, event.job_id
-        self._attempt(b, j, event.attempt_id, event.instance_name)
-        self._attempt_resources(b, j, event.attempt_id, event.resources)
-        if isinstance(event, JobStarted):
-            self._w.emit([Update("attempts", {"start_time_ms": event.start_time_ms},
-                                 {"batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
         row = self._job(b, j)
+        att = self._attempt(b, j, event.attempt_id, event.instance_name)
+        self._attempt_resources(b, j, event.attempt_id, att, event.resources)
+        if isinstance(event, JobStarted):
+            self._update_attempt(b, j, event.attempt_id, {"start_time_ms": event.start_time_ms})
         if row is None:
             return
         values: dict[str, Any] = {}
@@ -309,6 +445,8 @@ class Handler:
                               self._token))
             values = {"state": "Running", "attempt_id": event.attempt_id,
                       "instance_name": event.instance_name, "n_attempts": row.n_attempts + 1}
+            row.state, row.attempt_id = "Running", event.attempt_id
+            row.n_attempts += 1
         if isinstance(event, JobStarted) and (values or row.attempt_id == event.attempt_id):
             values["start_time_ms"] = event.start_time_ms
         if values:
@@ -317,14 +455,13 @@ class Handler:
     def _completed(self, event: JobCompleted, now: int) -> None:
         """MJC: the first completion of a job decides its state; duplicates only fill times."""
         b, j = event.batch_id, event.job_id
-        self._attempt(b, j, event.attempt_id, event.instance_name)
-        self._attempt_resources(b, j, event.attempt_id, event.resources)
+        row = self._job(b, j)
+        att = self._attempt(b, j, event.attempt_id, event.instance_name)
+        self._attempt_resources(b, j, event.attempt_id, att, event.resources)
         self._bill(b, j, event.attempt_id, event.end_time_ms, start_ms=event.start_time_ms,
                    end_ms=event.end_time_ms)
-        self._w.emit([Update("attempts", {
-            "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms}, {
-            "batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
-        row = self._job(b, j)
+        self._update_attempt(b, j, event.attempt_id, {
+            "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms})
         if row is None or row.state in _COMPLETE:
             return
         self._end(b, row, event.state, now, {
@@ -334,11 +471,10 @@ class Handler:
 
     def _lost(self, event: AttemptLost, now: int) -> None:
         b, j = event.batch_id, event.job_id
-        self._bill(b, j, event.attempt_id, event.end_time_ms, end_ms=event.end_time_ms)
-        self._w.emit([Update("attempts", {"end_time_ms": event.end_time_ms,
-                                          "reason": event.reason},
-                             {"batch_id": b, "job_id": j, "attempt_id": event.attempt_id})])
         row = self._job(b, j)
+        self._bill(b, j, event.attempt_id, event.end_time_ms, end_ms=event.end_time_ms)
+        self._update_attempt(b, j, event.attempt_id, {"end_time_ms": event.end_time_ms,
+                                                      "reason": event.reason})
         if row is None or row.state != "Running" or row.attempt_id != event.attempt_id:
             return
         if row.n_attempts >= row.n_max_attempts:
@@ -350,6 +486,7 @@ class Handler:
         self._w.emit([Update("jobs", {"state": "Ready", "attempt_id": None,
                                       "instance_name": None},
                              {"batch_id": b, "job_id": j})])
+        row.state, row.attempt_id = "Ready", None
 
     def _job_cancelled(self, event: JobCancelled, now: int) -> None:
         row = self._job(event.batch_id, event.job_id)
@@ -366,37 +503,70 @@ class Handler:
         status = msgspec.json.encode({"error": f"unschedulable: {event.reason}"}).decode()
         self._end(event.batch_id, row, "Error", now, {"status": status, "end_time_ms": now})
 
-    def _end(self, b: int, row: Any, state: JobState, now: int, values: dict[str, Any]) -> None:
+    def _progress(self, b: int, groups: Sequence[int]) -> dict[int, list[Any]]:
+        """[n_jobs, n_completed, state] of ``groups`` (loaded once, then kept in step)."""
+        st = self._batch(b)
+        missing = [g for g in groups if g not in st.progress]
+        if missing:
+            for group, n_jobs, n_completed, state in self._read(_GROUP_PROGRESS, b=b,
+                                                                groups=missing):
+                st.progress[int(group)] = [int(n_jobs), int(n_completed), str(state)]
+        return st.progress
+
+    def _children(self, b: int, job_id: int) -> list[JobRow]:
+        """The committed children of a loaded job, with their current rows."""
+        st = self._batch(b)
+        ids = st.children.get(job_id, [])
+        unknown = [c for c in ids if c not in st.jobs]
+        if unknown:
+            self._rows(b, st, unknown)
+        return [row for c in ids if (row := st.jobs.get(c)) is not None]
+
+    def _end(self, b: int, row: JobRow, state: JobState, now: int,
+             values: dict[str, Any]) -> None:
         """A job ends: move its counters, release its children, complete what completed."""
         facts = self._facts(b, row)
         ancestors = self._ancestors(b, facts.job_group_id)
+        progress = self._progress(b, ancestors)  # loaded before the move below changes it
         self._w.emit(move(facts, row.state, state, ancestors, self._token))
         self._w.emit([Update("jobs", {"state": state, **values},
                              {"batch_id": b, "job_id": facts.job_id})])
-        children = [Child(self._facts(b, c, facts.user), c.state, int(c.n_pending_parents))
-                    for c in self._read(_CHILDREN, b=b, j=facts.job_id)]
+        row.state = state
+        row.attempt_id = values.get("attempt_id", row.attempt_id)
+        for g in ancestors:  # a live job became complete: n_completed + 1 up the tree
+            if g in progress:
+                progress[g][1] += 1
+        rows = {c.job_id: c for c in self._children(b, facts.job_id)}
+        children = [Child(self._facts(b, c), c.state, c.n_pending_parents) for c in rows.values()]
         if children:
             groups = {c.facts.job_group_id for c in children}
             ancestors_of = {g: self._ancestors(b, g) for g in groups}
             releases, incs = release_children(state, children, ancestors_of, self._token)
             self._w.emit(incs)
-            by_values: dict[tuple[int, str, bool], list[int]] = defaultdict(list)
+            by_values: dict[tuple[int, JobState, bool], list[int]] = defaultdict(list)
             for r in releases:
                 by_values[(r.n_pending_parents, r.state, r.cancelled_flag)].append(r.job_id)
+                child = rows[r.job_id]
+                child.n_pending_parents, child.state = r.n_pending_parents, r.state
+                child.cancelled = child.cancelled or r.cancelled_flag
             for (pending, new_state, flag), ids in sorted(by_values.items()):
                 set_values: dict[str, Any] = {"n_pending_parents": pending, "state": new_state}
                 if flag:
                     set_values |= {"cancelled": True, "cancel_reason": "parent_failed"}
                 self._w.emit([UpdateIn("jobs", set_values, {"batch_id": b}, "job_id", ids)])
         done: list[int] = []
-        for group, n_jobs, n_completed, group_state in self._read(
-                _GROUP_PROGRESS, b=b, groups=ancestors):
+        for group in ancestors:
+            entry = progress.get(group)
+            if entry is None:
+                continue
+            n_jobs, n_completed, group_state = entry
             if n_completed == n_jobs and group_state != "complete":
-                done.append(int(group))
+                entry[2] = "complete"
+                done.append(group)
                 self._w.emit([Update("job_groups", {"state": "complete",
                                                     "time_completed_ms": now},
-                                     {"batch_id": b, "job_group_id": int(group)})])
-                if int(group) == 0:
+                                     {"batch_id": b, "job_group_id": group})])
+                if group == 0:
                     self._w.emit([Update("batches", {"state": "complete",
                                                      "time_completed_ms": now}, {"id": b})])
         if done:  # the outbox rows of what completed, in the same transaction

@@ -60,6 +60,7 @@ class Sink:
             by_partition[(r.topic, r.partition)].append(r)
         for (_, partition), part in sorted(by_partition.items()):
             handler = Handler(conn, writer, token=partition)
+            handler.prepare([r.envelope for r in part])
             for r in part:
                 if not handler.handle(r.envelope):
                     stats.skipped_tags += 1

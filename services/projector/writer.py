@@ -1,9 +1,17 @@
 """Applies row operations on one connection, batching runs of the same shape into one statement.
 
-Inserts and upserts of the same table and columns that follow each other become one multi-row
-statement (PyMySQL rewrites executemany of INSERT ... VALUES into one statement). Increments are
+Inserts and upserts of the same table and columns become one multi-row statement (PyMySQL
+rewrites executemany of INSERT ... VALUES into one statement) unless another kind of write to
+the same table comes between them. Increments are
 merged by key and written together whenever the writer flushes: before the handler reads state,
-and at the end of the batch. Updates and deletes run in order.
+and at the end of the batch. Other updates and deletes run in order.
+
+Updates of one row of ``jobs`` or ``attempts`` by primary key (what execution events do, several
+times per job) are *deferred*: merged per row (later values win) and written at the end of the
+flush, rows with the same columns together in one ``UPDATE ... JOIN (SELECT ... UNION ALL ...)``
+statement. That is the same result as running them in order, because an operation emitted later
+that could touch one of those rows (an insert of its key, an ``UpdateIn`` naming it, any delete
+of the table) first turns the deferred updates of its table back into ordinary ones, in order.
 """
 
 from __future__ import annotations
@@ -22,9 +30,16 @@ from core.projection.ops import (
     Update,
     UpdateIn,
     Upsert,
+    Value,
 )
 
 IN_CHUNK = 5_000
+BULK_CHUNK = 500
+DEFERRED_KEYS: dict[str, tuple[str, ...]] = {
+    "jobs": ("batch_id", "job_id"),
+    "attempts": ("batch_id", "job_id", "attempt_id"),
+}
+"""Tables whose single-row updates by primary key are deferred and merged (see above)."""
 
 
 def _q(name: str) -> str:
@@ -46,30 +61,62 @@ class Writer:
         self._conn = conn
         self._pending: list[Op] = []
         self._increments = Increments()
+        self._deferred: dict[str, dict[tuple[Value, ...], dict[str, Value]]] = {}
         self.statements = 0
 
     def emit(self, ops: Iterable[Op]) -> None:
         for op in ops:
             if isinstance(op, Increment):
                 self._increments.add(op)
-            else:
-                self._pending.append(op)
+                continue
+            keys = DEFERRED_KEYS.get(op.table)
+            if keys is not None:
+                if isinstance(op, Update) and len(op.where) == len(keys) and all(
+                        k in op.where for k in keys):
+                    row = tuple(op.where[k] for k in keys)
+                    self._deferred.setdefault(op.table, {}).setdefault(row, {}).update(op.values)
+                    continue
+                if self._touches_deferred(op, keys):
+                    self._undefer(op.table)
+            self._pending.append(op)
+
+    def _touches_deferred(self, op: Op, keys: tuple[str, ...]) -> bool:
+        deferred = self._deferred.get(op.table)
+        if not deferred:
+            return False
+        match op:
+            case InsertIgnore(rows=rows) | Upsert(rows=rows):
+                return any(tuple(r.get(k) for k in keys) in deferred for r in rows)
+            case UpdateIn(where=where, column=column, values_in=ids) if (
+                    set(where) | {column} == set(keys)):
+                return any(tuple(where[k] if k != column else i for k in keys) in deferred
+                           for i in ids)
+            case _:
+                return True
+
+    def _undefer(self, table: str) -> None:
+        """Turn the deferred updates of ``table`` back into ordinary ones, in order."""
+        keys = DEFERRED_KEYS[table]
+        for row, values in self._deferred.pop(table, {}).items():
+            self._pending.append(Update(table, values, dict(zip(keys, row, strict=True))))
 
     def flush(self) -> None:
         """Apply everything buffered. Call before reading state the buffered ops may change."""
         pending, self._pending = self._pending, []
-        run: list[InsertIgnore | Upsert] = []
+        # Open runs of inserts/upserts by shape. Tables have no foreign keys, so writes to
+        # different tables commute: only a write of another shape to the same table closes a run.
+        runs: dict[tuple[object, ...], list[InsertIgnore | Upsert]] = {}
         for op in pending:
-            if isinstance(op, InsertIgnore | Upsert) and run and _same_shape(run[-1], op):
-                run.append(op)
-                continue
-            self._write_run(run)
-            run = []
+            shape = _shape(op) if isinstance(op, InsertIgnore | Upsert) else None
+            for other in [k for k in runs if k[0] == op.table and k != shape]:
+                self._write_run(runs.pop(other))
             if isinstance(op, InsertIgnore | Upsert):
-                run = [op]
+                if op.rows:
+                    runs.setdefault(_shape(op), []).append(op)
             else:
                 self._write(op)
-        self._write_run(run)
+        for run in runs.values():
+            self._write_run(run)
         increments = self._increments.drain()
         by_shape: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[Row]] = {}
         for inc in increments:
@@ -80,6 +127,37 @@ class Writer:
             sets = ", ".join(f"{_q(d)} = {_q(d)} + VALUES({_q(d)})" for d in deltas)
             self._exec(f"INSERT INTO {_q(table)} ({_cols(cols)}) VALUES ({_values(cols)}) "
                        f"ON DUPLICATE KEY UPDATE {sets}", rows)
+        deferred, self._deferred = self._deferred, {}
+        for table, updates in deferred.items():
+            by_columns: dict[tuple[str, ...], list[tuple[tuple[Value, ...], Row]]] = {}
+            for row, values in updates.items():
+                by_columns.setdefault(tuple(values), []).append((row, values))
+            for columns, rows_ in by_columns.items():
+                self._bulk_update(table, DEFERRED_KEYS[table], columns, rows_)
+
+    def _bulk_update(self, table: str, keys: tuple[str, ...], columns: tuple[str, ...],
+                     rows: Sequence[tuple[tuple[Value, ...], Row]]) -> None:
+        """Set ``columns`` of many rows, each to its own values, in few statements."""
+        if len(rows) == 1:
+            row, values = rows[0]
+            self._write(Update(table, values, dict(zip(keys, row, strict=True))))
+            return
+        names = keys + columns
+        on = " AND ".join(f"t.{_q(k)} = u.{_q(k)}" for k in keys)
+        sets = ", ".join(f"t.{_q(c)} = u.{_q(c)}" for c in columns)
+        for start in range(0, len(rows), BULK_CHUNK):
+            chunk = rows[start:start + BULK_CHUNK]
+            params: dict[str, Value] = {}
+            selects = []
+            for i, (row, values) in enumerate(chunk):
+                items = [*row, *(values[c] for c in columns)]
+                parts = []
+                for n, (name, value) in enumerate(zip(names, items, strict=True)):
+                    params[f"p{i}_{n}"] = value
+                    parts.append(f":p{i}_{n} AS {_q(name)}" if i == 0 else f":p{i}_{n}")
+                selects.append("SELECT " + ", ".join(parts))
+            self._exec(f"UPDATE {_q(table)} AS t JOIN ({' UNION ALL '.join(selects)}) AS u "
+                       f"ON {on} SET {sets}", params)
 
     def _exec(self, sql: str, params: Sequence[Row] | Row) -> None:
         self._conn.execute(sa.text(sql), params)
@@ -127,9 +205,8 @@ class Writer:
                 raise TypeError(f"unexpected operation {op!r}")
 
 
-def _same_shape(a: InsertIgnore | Upsert, b: InsertIgnore | Upsert) -> bool:
-    if type(a) is not type(b) or a.table != b.table or not a.rows or not b.rows:
-        return False
-    if isinstance(a, Upsert) and isinstance(b, Upsert) and a.update != b.update:
-        return False
-    return tuple(a.rows[0]) == tuple(b.rows[0])
+def _shape(op: InsertIgnore | Upsert) -> tuple[object, ...]:
+    """Ops of one shape become one multi-row statement (the table comes first)."""
+    columns = tuple(op.rows[0]) if op.rows else ()
+    return (op.table, type(op).__name__, columns,
+            op.update if isinstance(op, Upsert) else ())

@@ -1,0 +1,117 @@
+"""The writer's deferred updates and regrouped inserts give the same rows as running every
+operation in order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.projection.ops import Delete, InsertIgnore, Op, Update, UpdateIn, Upsert
+from services.common.settings import DatabaseSettings
+from services.projector.writer import Writer
+
+pytestmark = pytest.mark.integration
+
+B = 990_001  # a batch id no other test of the module uses
+
+
+@pytest.fixture(scope="module")
+def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(migrated_db.url())
+    yield engine
+    engine.dispose()
+
+
+jobs = st.integers(1, 3)
+attempts = st.sampled_from(["a", "b"])
+times = st.one_of(st.none(), st.integers(0, 10**6))
+ops = st.one_of(
+    st.builds(lambda j, a, i: InsertIgnore("attempts", [{
+        "batch_id": B, "job_id": j, "attempt_id": a, "instance_name": i}]),
+        jobs, attempts, st.sampled_from(["w1", "w2"])),
+    st.builds(lambda j, a, t: Upsert("attempts", [{
+        "batch_id": B, "job_id": j, "attempt_id": a, "start_time_ms": t}], ("start_time_ms",)),
+        jobs, attempts, times),
+    st.builds(lambda j, a, t: Update("attempts", {"start_time_ms": t}, {
+        "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts, times),
+    st.builds(lambda j, a, t, r: Update("attempts", {"end_time_ms": t, "reason": r}, {
+        "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts, times,
+        st.sampled_from([None, "lost"])),
+    st.builds(lambda j, a, t: Update("attempts", {"rollup_time_ms": t, "end_time_ms": t}, {
+        "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts, times),
+    st.builds(lambda j, t: Update("attempts", {"rollup_time_ms": t}, {
+        "batch_id": B, "job_id": j}), jobs, times),                    # not by primary key
+    st.builds(lambda a, ids, t: UpdateIn("attempts", {"reason": t}, {
+        "batch_id": B, "attempt_id": a}, "job_id", ids), attempts,
+        st.lists(jobs, min_size=1, max_size=3), st.sampled_from(["x", "y"])),
+    st.builds(lambda j: Delete("attempts", {"batch_id": B, "job_id": j}), jobs),
+    st.builds(lambda j, a, q: InsertIgnore("attempt_resources", [{
+        "batch_id": B, "job_id": j, "attempt_id": a, "resource": "r/1", "quantity": q}]),
+        jobs, attempts, st.integers(1, 9)),
+    st.builds(lambda j, a, q: Upsert("attempt_resources", [{
+        "batch_id": B, "job_id": j, "attempt_id": a, "resource": "r/1", "quantity": q}],
+        ("quantity",)), jobs, attempts, st.integers(1, 9)),
+    st.builds(lambda j: Delete("attempt_resources", {"batch_id": B, "job_id": j}), jobs),
+)
+
+
+def _rows(conn: sa.Connection) -> list[tuple[object, ...]]:
+    return [tuple(r) for r in conn.execute(sa.text(
+        "SELECT job_id, attempt_id, instance_name, start_time_ms, end_time_ms, rollup_time_ms, "
+        "reason FROM attempts WHERE batch_id = :b ORDER BY job_id, attempt_id"), {"b": B})] + [
+        tuple(r) for r in conn.execute(sa.text(
+            "SELECT job_id, attempt_id, resource, quantity FROM attempt_resources "
+            "WHERE batch_id = :b ORDER BY job_id, attempt_id"), {"b": B})]
+
+
+def _apply(engine: sa.Engine, sequence: list[Op], *, flush_each: bool,
+           reads: frozenset[int]) -> list[tuple[object, ...]]:
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            for i, op in enumerate(sequence):
+                writer.emit([op])
+                if flush_each or i in reads:
+                    writer.flush()  # a handler's read flushes mid-way
+            writer.flush()
+            return _rows(conn)
+        finally:
+            trans.rollback()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(st.lists(ops, max_size=25), st.frozensets(st.integers(0, 25), max_size=3))
+def test_deferred_updates_equal_updates_in_order(engine: sa.Engine, sequence: list[Op],
+                                                 reads: frozenset[int]) -> None:
+    assert _apply(engine, sequence, flush_each=False, reads=reads) == _apply(
+        engine, sequence, flush_each=True, reads=frozenset())
+
+
+def test_many_rows_with_the_same_columns_are_one_statement(engine: sa.Engine) -> None:
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            writer.emit([InsertIgnore("attempts", [
+                {"batch_id": B, "job_id": j, "attempt_id": "a", "instance_name": "w"}
+                for j in range(1, 1_201)])])
+            writer.flush()
+            before = writer.statements
+            writer.emit([Update("attempts", {"start_time_ms": j, "reason": None},
+                                {"batch_id": B, "job_id": j, "attempt_id": "a"})
+                         for j in range(1, 1_201)])
+            writer.emit([Update("attempts", {"start_time_ms": 7},  # merged into job 5's row
+                                {"batch_id": B, "job_id": 5, "attempt_id": "a"})])
+            writer.flush()
+            assert writer.statements - before == 3  # 1,200 rows in chunks of 500
+            got = dict(conn.execute(sa.text(
+                "SELECT job_id, start_time_ms FROM attempts WHERE batch_id = :b"), {"b": B}).all())
+            assert got == {j: (7 if j == 5 else j) for j in range(1, 1_201)}
+        finally:
+            trans.rollback()
