@@ -6,12 +6,15 @@ tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it
 batch status latency. ``execution``: a private full stack runs ``--exec-jobs`` no-op jobs end to
 end, beside the machine's process-spawn rate. ``replay``: a generated log of ``--replay-jobs``
 jobs replayed into a fresh database as the audit's rebuild does. With no scenario named, all
-run. Prints a table per scenario and writes the same as JSON to bench/results/.
+run. Prints a table per scenario, then every performance target of issue 6 with the figure
+that judges it and whether it is met (``bench/targets.py``), and writes the same as JSON to
+bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -22,7 +25,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench import execution, ingest_throughput, log_throughput, replay
+from bench import execution, ingest_throughput, log_throughput, replay, targets
 from services.common import procs
 from services.common.settings import load_settings
 
@@ -99,10 +102,19 @@ def main() -> None:
         for key, value in figures.items():
             table.add_row(key, str(value))
         Console().print(table)
+    assessed = targets.assess(results)
+    table = Table(title="targets")
+    for column in ("figure", "measured", "target", "met", "note"):
+        table.add_column(column, justify="right" if column == "measured" else "left")
+    for a in assessed:
+        table.add_row(a.figure, a.measured, a.target,
+                      "not measured" if a.met is None else "yes" if a.met else "NO", a.note)
+    Console().print(table)
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench-{'-'.join(results)}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    report = {**results, "targets": [dataclasses.asdict(a) for a in assessed]}
+    path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
 
 

@@ -1,0 +1,78 @@
+"""The performance targets (issue 6) against what a run of ``python -m bench`` measured.
+
+Each target names the scenario figure it is judged by. A figure measured at a smaller scale than
+the target's (``--jobs``, ``--exec-jobs``) is shown with its scale and judged as measured (a
+rate) or extrapolated linearly (a duration), and says so; a target no scenario measures yet is
+reported as not measured, never as met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Assessment:
+    figure: str
+    measured: str
+    target: str
+    met: bool | None
+    """None: not measured in this run."""
+    note: str = ""
+
+
+def _get(results: Mapping[str, Mapping[str, Any]], scenario: str, key: str) -> Any:
+    return results.get(scenario, {}).get(key)
+
+
+def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
+    """Every target, judged from ``results`` (scenario -> figures) where they have the figure."""
+    out: list[Assessment] = []
+    rate = _get(results, "execution", "noop_jobs_per_s")
+    jobs = _get(results, "execution", "jobs")
+    spawn = _get(results, "execution", "spawn_per_s_16_concurrent")
+    if rate is None:
+        out.append(Assessment("no-op jobs/s end to end", "-", ">= 1000 (100,000 jobs)", None))
+    else:
+        note = f"at {jobs:,} jobs; process-spawn ceiling {spawn}/s (16 concurrent)"
+        if jobs < 100_000:
+            note += "; the target's batch is 100,000"
+        out.append(Assessment("no-op jobs/s end to end", f"{rate}", ">= 1000 (100,000 jobs)",
+                              rate >= 1000 and jobs >= 100_000, note))
+    log_rate = _get(results, "execution", "log_jobs_per_s")
+    if log_rate is not None:
+        out.append(Assessment("no-op jobs/s on the log (first SJ to last MJC)", f"{log_rate}",
+                              "(diagnostic)", None, "scheduler + workers, without the projector"))
+    seconds = _get(results, "ingest", "submit_seconds")
+    n = _get(results, "ingest", "jobs")
+    if seconds is None:
+        out.append(Assessment("1,000,000-job submit (hailtop)", "-", "< 20 s", None))
+    else:
+        projected = seconds * 1_000_000 / n
+        note = "" if n == 1_000_000 else f"{seconds} s for {n:,} jobs, scaled linearly"
+        out.append(Assessment("1,000,000-job submit (hailtop)", f"{projected:.1f} s", "< 20 s",
+                              projected < 20, note))
+    small = _get(results, "ingest", "status_ms_at_1000_jobs")
+    big = _get(results, "ingest", f"status_ms_at_{n}_jobs") if n else None
+    if small is None or big is None:
+        out.append(Assessment("batch status latency, 1M vs 1k jobs", "-", "<= 1.2x", None))
+    else:
+        ratio = big["median"] / small["median"]
+        note = f"median {big['median']} ms at {n:,} jobs vs {small['median']} ms at 1,000"
+        out.append(Assessment("batch status latency, 1M vs 1k jobs", f"{ratio:.2f}x", "<= 1.2x",
+                              ratio <= 1.2 and n >= 1_000_000,
+                              note + ("" if n >= 1_000_000 else "; the target's batch is 1M")))
+    out.append(Assessment("1,000,000-job batch cancelled", "-", "<= 1 s", None,
+                          "no scenario measures it yet"))
+    replay_rate = _get(results, "replay", "replay_events_per_s")
+    out.append(Assessment(
+        "replay/rebuild events/s", "-" if replay_rate is None else f"{replay_rate}",
+        ">= 50,000", None if replay_rate is None else replay_rate >= 50_000,
+        "" if replay_rate is None else
+        f"{_get(results, 'replay', 'events')} events; write statements/event "
+        f"{_get(results, 'replay', 'write_statements_per_event')}"))
+    out.append(Assessment("scheduler memory for 10,000,000 jobs", "-", "< 4 GiB", None,
+                          "no scenario measures it yet"))
+    return out

@@ -1,0 +1,38 @@
+"""The benchmark's target table judges only what was measured, at the scale it was measured."""
+
+from __future__ import annotations
+
+from bench.targets import assess
+
+
+def by_figure(results: dict[str, dict[str, object]]) -> dict[str, tuple[str, bool | None]]:
+    return {a.figure: (a.measured, a.met) for a in assess(results)}
+
+
+def test_nothing_measured_is_never_met() -> None:
+    got = by_figure({})
+    assert got and all(met is None for _, met in got.values())
+
+
+def test_rates_durations_and_ratios_are_judged() -> None:
+    got = by_figure({
+        "execution": {"noop_jobs_per_s": 1200.0, "jobs": 100_000, "log_jobs_per_s": 2000.0,
+                      "spawn_per_s_16_concurrent": 1400},
+        "ingest": {"submit_seconds": 2.0, "jobs": 100_000,
+                   "status_ms_at_1000_jobs": {"median": 3.0},
+                   "status_ms_at_100000_jobs": {"median": 3.3}},
+        "replay": {"replay_events_per_s": 1500, "events": 12_000,
+                   "write_statements_per_event": 0.9},
+    })
+    assert got["no-op jobs/s end to end"] == ("1200.0", True)
+    assert got["1,000,000-job submit (hailtop)"] == ("20.0 s", False)  # scaled linearly
+    # a ratio measured below the target's scale is not claimed as met
+    assert got["batch status latency, 1M vs 1k jobs"] == ("1.10x", False)
+    assert got["replay/rebuild events/s"] == ("1500", False)
+    assert got["1,000,000-job batch cancelled"] == ("-", None)
+
+
+def test_a_rate_below_the_target_batch_size_is_not_met() -> None:
+    got = by_figure({"execution": {"noop_jobs_per_s": 5000.0, "jobs": 10_000,
+                                   "spawn_per_s_16_concurrent": 1400}})
+    assert got["no-op jobs/s end to end"] == ("5000.0", False)
