@@ -5,7 +5,8 @@ tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it
 ``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
 batch status latency. ``execution``: a private full stack runs ``--exec-jobs`` no-op jobs end to
 end, beside the machine's process-spawn rate. ``replay``: a generated log of ``--replay-jobs``
-jobs replayed into a fresh database as the audit's rebuild does. With no scenario named, all
+jobs replayed into a fresh database as the audit's rebuild does. ``scheduler-memory``: the
+scheduler's state of one committed batch of ``--sched-jobs`` jobs. With no scenario named, all
 run. Prints a table per scenario, then every performance target of issue 6 with the figure
 that judges it and whether it is met (``bench/targets.py``), and writes the same as JSON to
 bench/results/.
@@ -25,7 +26,14 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from bench import execution, ingest_throughput, log_throughput, replay, targets
+from bench import (
+    execution,
+    ingest_throughput,
+    log_throughput,
+    replay,
+    scheduler_memory,
+    targets,
+)
 from services.common import procs
 from services.common.settings import load_settings
 
@@ -65,15 +73,16 @@ def _broker(stack: ExitStack, durable: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenarios", nargs="*",
-                        help="log, ingest, execution, replay (default: all)")
+                        help="log, ingest, execution, replay, scheduler-memory (default: all)")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--exec-jobs", type=int, default=10_000)
     parser.add_argument("--replay-jobs", type=int, default=4_000)
+    parser.add_argument("--sched-jobs", type=int, default=10_000_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
     args = parser.parse_args()
-    known = ["log", "ingest", "execution", "replay"]
+    known = ["log", "ingest", "execution", "replay", "scheduler-memory"]
     scenarios = args.scenarios or known
     unknown = set(scenarios) - set(known)
     if unknown:
@@ -95,6 +104,8 @@ def main() -> None:
         with ExitStack() as stack:
             results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
                                            args.replay_jobs)
+    if "scheduler-memory" in scenarios:
+        results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
     for name, figures in results.items():
         table = Table(title=name)
         table.add_column("figure")

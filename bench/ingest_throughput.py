@@ -56,6 +56,18 @@ def _latency_ms(url: str, token: str, batch_id: int, n: int = 200) -> dict[str, 
             "p95": round(samples[int(0.95 * len(samples)) - 1], 2)}
 
 
+def _cancel_ms(url: str, token: str, batch_id: int) -> float:
+    """How long cancelling the batch takes until ingest answers: it answers once the projector
+    applied the cancel (read-your-writes), which moves the batch's ready and running cores out
+    of the fair-share counters in the same transaction; the scheduler folds the same event."""
+    req = urllib.request.Request(f"{url}/api/v1alpha/batches/{batch_id}/cancel", data=b"",
+                                 method="PATCH", headers={"Authorization": f"Bearer {token}"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        resp.read()
+    return round((time.perf_counter() - t0) * 1000, 1)
+
+
 def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
     if not HAIL_PYTHON.exists():
         raise SystemExit("the official client is missing: run `make venv-hail`")
@@ -81,6 +93,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "submit_1000_seconds": round(small["seconds"], 2),
             "status_ms_at_1000_jobs": _latency_ms(url, token, small["id"]),
             f"status_ms_at_{n_jobs}_jobs": _latency_ms(url, token, big["id"]),
+            f"cancel_ms_at_{n_jobs}_jobs": _cancel_ms(url, token, big["id"]),
         }
     finally:
         _stack(env, "down")

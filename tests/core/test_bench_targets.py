@@ -30,6 +30,19 @@ def test_rates_durations_and_ratios_are_judged() -> None:
     assert got["batch status latency, 1M vs 1k jobs"] == ("1.10x", False)
     assert got["replay/rebuild events/s"] == ("1500", False)
     assert got["1,000,000-job batch cancelled"] == ("-", None)
+    assert got["scheduler memory for 10,000,000 jobs"] == ("-", None)
+
+
+def test_cancel_and_scheduler_memory() -> None:
+    got = by_figure({
+        "ingest": {"submit_seconds": 15.0, "jobs": 1_000_000, "cancel_ms_at_1000000_jobs": 40.0,
+                   "status_ms_at_1000_jobs": {"median": 3.0},
+                   "status_ms_at_1000000_jobs": {"median": 3.1}},
+        "scheduler-memory": {"jobs": 10_000_000, "projected_gib_at_10m_jobs": 2.6}})
+    assert got["1,000,000-job batch cancelled"] == ("0.040 s", True)
+    assert got["1,000,000-job submit (hailtop)"] == ("15.0 s", True)
+    assert got["batch status latency, 1M vs 1k jobs"] == ("1.03x", True)
+    assert got["scheduler memory for 10,000,000 jobs"] == ("2.6 GiB", True)
 
 
 def test_a_rate_below_the_target_batch_size_is_not_met() -> None:
