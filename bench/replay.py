@@ -163,7 +163,7 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
             db = msgspec.structs.replace(settings.db,
                                          name=f"hs_bench_replay_{uuid.uuid4().hex[:8]}")
             apply_migrations(db)
-            engine = sa.create_engine(db.url(), poolclass=NullPool)
+            engine = sa.create_engine(db.url(), pool_size=n + 1, max_overflow=n)  # as rebuild
             try:
                 stats = asyncio.run(_replay(log, engine, replay_batch, n))
                 with engine.connect() as conn:

@@ -187,7 +187,9 @@ async def rebuild(settings: Settings, options: RebuildOptions | None = None,
     reporter.message(f"log end captured: {sum(marks.values())} events on {len(marks)} "
                      f"partitions of {', '.join(PROJECTED_TOPICS)}")
     rebuilt_db = msgspec.structs.replace(live_db, name=target)
-    rebuilt = _engine(rebuilt_db)
+    # Pooled: a new connection per replayed transaction would cost more than the transaction.
+    rebuilt = sa.create_engine(rebuilt_db.url(), pool_size=options.lanes + 1,
+                               max_overflow=options.lanes)
     live = _engine(live_db, isolation_level="REPEATABLE READ")
     try:
         apply_migrations(rebuilt_db)
