@@ -271,12 +271,15 @@ class Worker:
 
     async def _attempt(self, attempt: _Attempt) -> None:
         job = attempt.job
+        started: asyncio.Task[None] | None = None
         try:
             start = self._clock()
-            await self._report(JobStarted(
+            # MJS goes to the log while the job runs (not before: that would add a broker round
+            # trip to every job); MJC is published only after it, so the log keeps their order.
+            started = asyncio.create_task(self._report(JobStarted(
                 batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
                 instance_name=self._settings.instance_name, start_time_ms=start,
-                resources=job.resources))
+                resources=job.resources)))
             spec, error = job.spec, None
             if attempt.request is None and not attempt.cancel_requested:
                 spec, error = await self._load_spec(attempt)
@@ -293,11 +296,14 @@ class Worker:
                 user=job.user, worker=self._settings.instance_name,
                 region=self._settings.region, start_time_ms=start,
                 end_time_ms=attempt.outcome.end_time_ms, resources=job.resources, error=error)
+            await started
             await self._report(job_completed(doc, instance_name=self._settings.instance_name,
                                              resources=job.resources))
         except Exception:  # the attempt's top level: log what went wrong, keep the worker up
             log.exception("attempt %s failed in the worker", attempt.key)
         finally:
+            if started is not None and not started.done():
+                started.cancel()  # abandoned or failed: a pending MJS must not outlive it
             self._attempts.pop(attempt.key, None)
             if not attempt.abandoned:
                 self._remember(attempt.key)
@@ -341,9 +347,7 @@ class Worker:
         workdir = Path(attempt.request.cwd)
         sink: LogWriter | None = None
         try:
-            await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
-            sink = await asyncio.to_thread(
-                self._store.writer, job.batch_id, job.job_id, job.attempt_id, "main")
+            sink = await asyncio.to_thread(self._prepare, workdir, job)  # one thread hop
             if attempt.cancel_requested:  # a DELETE while we prepared
                 return self._never_started(), None
             attempt.run = asyncio.create_task(self._runtime.run(attempt.request, sink))
@@ -357,9 +361,12 @@ class Worker:
         except OSError as e:
             return None, f"worker error: {type(e).__name__}: {e}"
         finally:
-            if sink is not None:
-                await asyncio.to_thread(sink.close)
-            await asyncio.to_thread(shutil.rmtree, workdir, True)
+            await asyncio.to_thread(_clean_up, sink, workdir)
+
+    def _prepare(self, workdir: Path, job: JobRequest) -> LogWriter:
+        """The attempt's working directory and log writer (in a thread: file system calls)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        return self._store.writer(job.batch_id, job.job_id, job.attempt_id, "main")
 
     async def _report(self, event: AnyEvent) -> None:
         """Publish ``event`` until the log takes it; give up only on a fatal error."""
@@ -416,3 +423,10 @@ def _key(request: web.Request) -> AttemptKey | None:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"message": message}, status=status)
+
+
+def _clean_up(sink: LogWriter | None, workdir: Path) -> None:
+    """Close the log and remove the working directory (in a thread: file system calls)."""
+    if sink is not None:
+        sink.close()
+    shutil.rmtree(workdir, True)
