@@ -64,6 +64,7 @@ class Sink:
             for r in part:
                 if not handler.handle(r.envelope):
                     stats.skipped_tags += 1
+            handler.settle()  # the outbox rows of this partition's completions
         writer.flush()
         stats.statements = writer.statements
         return stats

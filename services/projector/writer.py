@@ -40,6 +40,9 @@ DEFERRED_KEYS: dict[str, tuple[str, ...]] = {
     "attempts": ("batch_id", "job_id", "attempt_id"),
 }
 """Tables whose single-row updates by primary key are deferred and merged (see above)."""
+_SMALL_IN = 16
+"""An ``UpdateIn`` of at most this many primary keys is deferred as that many row updates; a
+bigger one (a commit's) stays one ``IN`` statement."""
 
 
 def _q(name: str) -> str:
@@ -80,6 +83,16 @@ class Writer:
                         k in op.where for k in keys):
                     row = tuple(op.where[k] for k in keys)
                     self._deferred.setdefault(op.table, {}).setdefault(row, {}).update(op.values)
+                    continue
+                if (isinstance(op, UpdateIn) and len(op.values_in) <= _SMALL_IN
+                        and len(op.where) + 1 == len(keys)
+                        and set(op.where) | {op.column} == set(keys)):
+                    # A few rows by primary key (children released by one job's end): the
+                    # same as that many single-row updates, so they merge like those.
+                    deferred = self._deferred.setdefault(op.table, {})
+                    for i in op.values_in:
+                        row = tuple(i if k == op.column else op.where[k] for k in keys)
+                        deferred.setdefault(row, {}).update(op.values)
                     continue
                 if self._touches_deferred(op, keys):
                     self._undefer(op.table)

@@ -29,7 +29,8 @@ from services.common.log import Record
 from services.common.settings import DatabaseSettings
 from services.projector.sink import Sink
 
-from .projection_helpers import T0, Stream, fresh_engines
+from .projection_helpers import T0, Stream, fresh_engines, job
+from .projection_helpers import submission as update
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +90,13 @@ def history(seed: int) -> list[AnyEvent]:
         # the canceller ends what never ran (children of failed jobs...): batches complete
         run += [JobCancelled(batch_id=b, job_id=j.job_id, reason="parent_failed")
                 for j in jobs]
+        if b == 3:  # completes, then an update adds jobs right away: it completes again
+            more = [job(41), job(42, parents=[41])]
+            run += update(b, 2, more, start_job_id=41)
+            for j in more:
+                run += _job_events(b, j.job_id, rnd, T0 + 10_000 * j.job_id)
+            run += [JobCancelled(batch_id=b, job_id=j.job_id, reason="parent_failed")
+                    for j in more]
         runs.append(run)
     for i in range(max(map(len, runs))):
         events += [run[i] for run in runs if i < len(run)]
@@ -133,3 +141,7 @@ def test_big_transactions_equal_one_record_per_transaction(
         assert conn.exec_driver_sql(
             "SELECT COUNT(*) FROM batches WHERE state = 'complete'").scalar_one() == 4
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM completions_outbox").scalar_one() >= 4
+        # batch 3 completed twice, once per update: one outbox row for each
+        assert conn.exec_driver_sql(
+            "SELECT n_jobs FROM completions_outbox WHERE batch_id = 3 AND job_group_id = 0 "
+            "ORDER BY n_jobs").scalars().all() == [40, 42]

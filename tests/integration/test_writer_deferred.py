@@ -48,6 +48,9 @@ ops = st.one_of(
     st.builds(lambda a, ids, t: UpdateIn("attempts", {"reason": t}, {
         "batch_id": B, "attempt_id": a}, "job_id", ids), attempts,
         st.lists(jobs, min_size=1, max_size=3), st.sampled_from(["x", "y"])),
+    st.builds(lambda a, ids, t: UpdateIn("attempts", {"reason": t}, {  # too big to defer
+        "batch_id": B, "attempt_id": a}, "job_id", ids), attempts,
+        st.lists(jobs, min_size=17, max_size=20), st.sampled_from(["x", "z"])),
     st.builds(lambda j: Delete("attempts", {"batch_id": B, "job_id": j}), jobs),
     st.builds(lambda j, a, q: InsertIgnore("attempt_resources", [{
         "batch_id": B, "job_id": j, "attempt_id": a, "resource": "r/1", "quantity": q}]),
@@ -75,8 +78,14 @@ def _apply(engine: sa.Engine, sequence: list[Op], *, flush_each: bool,
         try:
             writer = Writer(conn)
             for i, op in enumerate(sequence):
+                if flush_each:  # the reference: each operation as its own statement, in order
+                    if isinstance(op, InsertIgnore | Upsert):
+                        writer._write_run([op])
+                    else:
+                        writer._write(op)
+                    continue
                 writer.emit([op])
-                if flush_each or i in reads:
+                if i in reads:
                     writer.flush()  # a handler's read flushes mid-way
             writer.flush()
             return _rows(conn)
