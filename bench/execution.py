@@ -25,6 +25,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench import cpu
 from bench.ingest_throughput import _stack, _submit
 from schemas.execution import JobCompleted, JobScheduled
 from services.common import procs
@@ -93,6 +94,8 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
         warm = _submit(url, token, 100, "0.25")  # workers up before the clock starts
         while not _status(url, token, warm["id"])["complete"]:
             time.sleep(0.2)
+        window = cpu.Window.of_stack(str(tmp))
+        window.start()
         t0 = time.perf_counter()
         big = _submit(url, token, n_jobs, "0.25")
         while True:
@@ -101,6 +104,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
                 break
             time.sleep(0.2)
         elapsed = time.perf_counter() - t0
+        spent = window.stop(n_jobs)
         log = load_settings(env).log
         log_rate = asyncio.run(_log_rate(log, big["id"]))
         return {
@@ -116,6 +120,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             "log_jobs_per_s": round(log_rate, 1),
             "spawn_per_s_serial": round(spawn_1),
             "spawn_per_s_16_concurrent": round(spawn_16),
+            **spent,
         }
     finally:
         _stack(env, "down")

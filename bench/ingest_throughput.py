@@ -22,6 +22,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench import cpu
 from services.common import procs
 from services.common.settings import load_settings
 from services.stack.config import SEAWEED_PORT_SPAN
@@ -84,7 +85,10 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         _stack(env, "up", "--quiet")
         token = (tmp / "dev-token").read_text().strip()
         small = _submit(url, token, 1_000)
+        window = cpu.Window(f"HS_DATA_DIR={tmp}".encode(), children=False)
+        window.start()
         big = _submit(url, token, n_jobs)
+        spent = window.stop(n_jobs, extra={"client (hailtop)": big["cpu_seconds"]})
         return {
             "storage": "seaweedfs" if durable else "memory",
             "jobs": n_jobs,
@@ -94,6 +98,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "status_ms_at_1000_jobs": _latency_ms(url, token, small["id"]),
             f"status_ms_at_{n_jobs}_jobs": _latency_ms(url, token, big["id"]),
             f"cancel_ms_at_{n_jobs}_jobs": _cancel_ms(url, token, big["id"]),
+            **spent,
         }
     finally:
         _stack(env, "down")

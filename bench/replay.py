@@ -13,6 +13,7 @@ for the log, and the SQL write statements per event.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 import uuid
@@ -23,7 +24,9 @@ import msgspec
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from bench import cpu
 from core.billing import attempt_resources, default_rates, machine_of
+from schemas import codec
 from schemas.base import AttemptResource, JobResources
 from schemas.batch import BatchCreated, JobRecord, JobsSubmitted, UpdateCommitted, UpdateOpened
 from schemas.control import (
@@ -34,9 +37,16 @@ from schemas.control import (
 )
 from schemas.events import AnyEvent
 from schemas.execution import JobCompleted, JobScheduled, JobStarted
+from services.audit.logread import PartitionReader
 from services.audit.replay import ReplayStats, replay, spans
 from services.common.log import Publisher, bootstrap_topics, delete_topics, high_watermarks
-from services.common.settings import ALL_TOPICS, LogSettings, load_settings, projector_consumer
+from services.common.settings import (
+    ALL_TOPICS,
+    DatabaseSettings,
+    LogSettings,
+    load_settings,
+    projector_consumer,
+)
 from services.projector.app import PROJECTED_TOPICS
 from services.projector.sink import Sink
 from sql.migrate import apply_migrations
@@ -135,6 +145,52 @@ async def _replay(log: LogSettings, engine: sa.Engine, batch_size: int, lanes: i
                         lanes=lanes)
 
 
+async def _read_floor(log: LogSettings) -> tuple[int, float]:
+    """(events, seconds) to read and decode every projected partition, applying nothing: the
+    floor under any replay that reads this log through this client."""
+    marks = await high_watermarks(log, PROJECTED_TOPICS)
+    n, t0 = 0, time.perf_counter()
+    async with PartitionReader(log, max_records=5_000) as reader:
+        for span in spans({}, marks, PROJECTED_TOPICS):
+            async for messages in reader.read(span.topic, span.partition, span.start, span.end):
+                n += sum(1 for m in messages if codec.decode(m.value))
+    return n, time.perf_counter() - t0
+
+
+def _copy_floor(server: DatabaseSettings, source: str, n_events: int) -> dict[str, Any]:
+    """How fast MariaDB alone can materialize the replayed projection: every table copied into
+    a fresh schema server-side (``INSERT ... SELECT``, no client, no network), one table after
+    another. No replay of these events into this schema can write its rows faster, so
+    ``events / seconds`` (times the cores, were the copies spread over them) bounds any replay
+    on this machine from above."""
+    target = msgspec.structs.replace(server, name=f"hs_bench_copy_{uuid.uuid4().hex[:8]}")
+    apply_migrations(target)
+    engine = sa.create_engine(target.url(), poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            tables = [t for (t,) in conn.exec_driver_sql(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s "
+                "AND table_name != 'schema_migrations'", (target.name,)).all()]
+            window = cpu.Window(b"HS_NO_PROCESS_HAS_THIS")  # MariaDB only
+            window.start()
+            rows, t0 = 0, time.perf_counter()
+            for t in tables:
+                rows += conn.exec_driver_sql(
+                    f"INSERT INTO `{t}` SELECT * FROM `{source}`.`{t}`").rowcount
+            seconds = time.perf_counter() - t0
+            spent = window.stop(n_events, unit="event")
+    finally:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{target.name}`")
+        engine.dispose()
+    cores = os.cpu_count() or 1
+    return {"projection_rows": rows, "projection_rows_per_event": round(rows / n_events, 2),
+            "copy_floor_seconds": round(seconds, 3),
+            "copy_floor_mariadb_cpu_ms_per_event": spent["cpu_ms_per_event_total"],
+            "copy_floor_events_per_s_per_core": round(n_events / seconds),
+            f"copy_floor_events_per_s_{cores}_cores": round(cores * n_events / seconds)}
+
+
 def _figures(stats: ReplayStats, lanes: int) -> dict[str, Any]:
     busy = stats.wall_s * lanes
     return {
@@ -147,8 +203,12 @@ def _figures(stats: ReplayStats, lanes: int) -> dict[str, Any]:
 
 
 def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
-        replay_batch: int = 5_000, lanes: tuple[int, ...] = (1, 4)) -> dict[str, Any]:
-    """Publish a generated log, then replay it once per entry of ``lanes`` (fresh databases)."""
+        replay_batch: int = 5_000, lanes: tuple[int, ...] = (1, 4),
+        marker: bytes = b"") -> dict[str, Any]:
+    """Publish a generated log, then replay it once per entry of ``lanes`` (fresh databases).
+
+    ``marker``: a string in the environment of the broker's processes, to count their CPU.
+    """
     settings = load_settings()
     log = msgspec.structs.replace(settings.log, bootstrap_servers=bootstrap,
                                   topic_prefix=f"bench-replay-{uuid.uuid4().hex[:8]}-")
@@ -159,16 +219,26 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
         out: dict[str, Any] = {"jobs": n_jobs, "events": len(events),
                                "partitions": log.partitions,
                                "publish_events_per_s": round(len(events) / publish_s)}
+        window = cpu.Window(marker, own="reader")
+        window.start()
+        read, read_s = asyncio.run(_read_floor(log))
+        out |= {"log_read_decode_events_per_s": round(read / read_s),
+                "log_read_cpu_ms_per_event": window.stop(read, unit="event")["cpu_ms_per_event"]}
         for n in lanes:
             db = msgspec.structs.replace(settings.db,
                                          name=f"hs_bench_replay_{uuid.uuid4().hex[:8]}")
             apply_migrations(db)
             engine = sa.create_engine(db.url(), pool_size=n + 1, max_overflow=n)  # as rebuild
+            window = cpu.Window(marker, own="replay (projector sink)")
+            window.start()
             try:
                 stats = asyncio.run(_replay(log, engine, replay_batch, n))
+                spent = window.stop(len(events), unit="event")
                 with engine.connect() as conn:
                     done = conn.execute(sa.text("SELECT COUNT(*) FROM jobs WHERE state IN "
                                                 "('Success', 'Failed')")).scalar()
+                if n == 1:
+                    out |= _copy_floor(settings.db, db.name, len(events))
             finally:
                 engine.dispose()
                 with sa.create_engine(db.url(database=False),
@@ -177,7 +247,7 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
             if done != n_jobs:
                 raise AssertionError(f"the replay ended {done} of {n_jobs} jobs")
             prefix = "replay" if n == 1 else f"replay_{n}_lanes"
-            out |= {f"{prefix}_{k}": v for k, v in _figures(stats, n).items()}
+            out |= {f"{prefix}_{k}": v for k, v in (_figures(stats, n) | spent).items()}
             if n == 1:
                 out["write_statements_per_event"] = round(stats.statements / stats.events, 2)
         return out

@@ -1,0 +1,142 @@
+"""Where the CPU goes: CPU seconds per component of a stack over a measured window.
+
+A rate on this 2-core machine is bounded by the CPU each unit of work costs across every process
+that touches it. This module samples ``/proc`` before and after a window and attributes CPU time
+(user + system, plus reaped children: a worker's job processes count as the worker's) to
+components by command line: the broker (tansu), its storage (SeaweedFS), MariaDB and each of our
+services. Only processes whose environment carries the stack's ``HS_DATA_DIR`` are ours, so
+other stacks on the machine (tests running beside a benchmark) are not counted; MariaDB is a
+shared server and is counted whole, which the figures say. The machine's own busy time comes
+from ``/proc/stat``; with it, ``ceiling_per_s`` is how many units per second the machine could do
+if all of its CPU went to this work at the measured cost per unit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_SERVICE = re.compile(r"-m\s+services\.(\w+)")
+
+
+def _component(cmdline: str) -> str | None:
+    if "mariadbd" in cmdline:
+        return "mariadb (shared)"
+    if "tansu" in cmdline:
+        return "broker (tansu)"
+    if "weed" in cmdline.split(" ")[0] or "/weed " in cmdline:
+        return "storage (seaweedfs)"
+    m = _SERVICE.search(cmdline)
+    if m:
+        return "stack cli" if m.group(1) == "stack" else m.group(1)
+    if "hail_submit" in cmdline:
+        return "client (hailtop)"
+    return None
+
+
+def _proc_cpu(pid: str) -> float:
+    """CPU seconds of ``pid``: own user + system and that of its reaped children."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime + cutime + cstime) / _TICK
+
+
+def _ours(pid: str, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+
+
+def processes(marker: bytes) -> dict[int, tuple[str, float]]:
+    """pid -> (component, CPU seconds so far) of the processes whose environment has ``marker``
+    (``HS_DATA_DIR=...`` of a stack, say), and MariaDB's."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            component = _component(cmdline)
+            if component is None:
+                continue
+            if component != "mariadb (shared)" and not _ours(entry, marker):
+                continue
+            out[int(entry)] = (component, _proc_cpu(entry))
+        except (OSError, ValueError):
+            continue  # exited while we looked
+    return out
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy CPU seconds, total CPU seconds) of the whole machine since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / _TICK, sum(fields[:8]) / _TICK
+
+
+@dataclass
+class Window:
+    """CPU seconds per component between :meth:`start` and :meth:`stop`.
+
+    ``marker`` selects the processes (``HS_DATA_DIR=<dir>`` for a stack); ``own`` names the
+    component the benchmark's own process is counted as, if it does the work itself.
+    """
+
+    marker: bytes
+    own: str | None = None
+    children: bool = True
+    _before: dict[int, tuple[str, float]] | None = None
+    _busy: tuple[float, float] = (0.0, 0.0)
+    _children: float = 0.0
+    _self: float = 0.0
+
+    @classmethod
+    def of_stack(cls, data_dir: str) -> Window:
+        return cls(f"HS_DATA_DIR={data_dir}".encode())
+
+    def start(self) -> None:
+        self._before = processes(self.marker)
+        self._busy = machine_busy()
+        t = os.times()
+        self._children, self._self = t.children_user + t.children_system, t.user + t.system
+
+    def stop(self, units: int, unit: str = "job", extra: dict[str, float] | None = None
+             ) -> dict[str, object]:
+        """Figures for ``units`` units of work done in the window, per component and in all.
+
+        Processes that started in the window count from zero; processes that ended in it are
+        lost, except the benchmark's own children (the hailtop client), taken from
+        ``os.times`` unless ``children`` is off; ``extra`` adds CPU seconds measured elsewhere.
+        """
+        assert self._before is not None, "start() first"
+        after = processes(self.marker)
+        busy, total = machine_busy()
+        per: dict[str, float] = {}
+        for pid, (component, cpu) in after.items():
+            then = self._before.get(pid)
+            per[component] = per.get(component, 0.0) + cpu - (then[1] if then else 0.0)
+        t = os.times()
+        children = t.children_user + t.children_system - self._children
+        if self.children and children > 0:
+            per["client (hailtop)"] = per.get("client (hailtop)", 0.0) + children
+        for component, seconds in (extra or {}).items():
+            per[component] = per.get(component, 0.0) + seconds
+        if self.own:
+            per[self.own] = per.get(self.own, 0.0) + t.user + t.system - self._self
+        wall_cpu = total - self._busy[1]
+        machine = busy - self._busy[0]
+        ours = sum(v for k, v in per.items() if k != "mariadb (shared)")
+        all_cpu = ours + per.get("mariadb (shared)", 0.0)
+        ms = {k: round(1000 * v / units, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
+        return {
+            f"cpu_ms_per_{unit}": ms,
+            f"cpu_ms_per_{unit}_total": round(1000 * all_cpu / units, 3),
+            "machine_busy_share": round(machine / wall_cpu, 3) if wall_cpu else 0.0,
+            "stack_share_of_machine_busy": round(all_cpu / machine, 3) if machine else 0.0,
+            "ceiling_per_s": round(units / all_cpu * (os.cpu_count() or 1)) if all_cpu else None,
+        }
