@@ -19,6 +19,10 @@ A job that failed a user-level predicate (quota, fair share, no instances) ends 
 in that collection; a job that found no fitting instance or region lets the next job try
 (backfill). A job needing more cores than the largest worker of its collection is reported
 permanently unschedulable instead (``max_worker_mcpu``).
+
+Every queue left with fewer placements than ready jobs gets a waiting reason
+(:mod:`core.waiting`), from what the step saw anyway: the reason that ended the user's turn,
+else the first reason of a job of its own; the first few such jobs get their own entries.
 """
 
 from __future__ import annotations
@@ -31,6 +35,15 @@ from typing import Final, NamedTuple
 from core.fair_share import UserDemand, fair_share
 from core.policy import REASON_NO_FIT, REASON_REGION, FairSharePlugin, FitPlugin, Tiers
 from core.scheduler_state import READY, RUNNING, SchedulerState
+from core.waiting import (
+    MAX_JOBS_PER_QUEUE,
+    Waiting,
+    WaitingKey,
+    capacity_note,
+    classify,
+    full,
+    queued,
+)
 from schemas.batch import BatchCancelled, JobGroupCancelled
 from schemas.execution import JobCancelled, JobScheduled, JobUnschedulable
 
@@ -84,6 +97,8 @@ class Decisions:
     """Permanent: the job needs more cores than any worker of its collection has."""
     allocations: dict[str, dict[str, int]] = field(default_factory=dict)
     """Fair-share mCPU per inst_coll and user."""
+    waiting: dict[WaitingKey, Waiting] = field(default_factory=dict)
+    """Why queues (and their first few blocked jobs) got fewer placements than ready jobs."""
 
 
 def schedule(
@@ -93,6 +108,7 @@ def schedule(
     max_jobs: int,
     new_attempt_id: Callable[[], str],
     max_worker_mcpu: Mapping[str, int] | None = None,
+    max_instances: Mapping[str, int] | None = None,
 ) -> Decisions:
     """Place ready jobs on active instances, fairly, without over-allocating any instance.
 
@@ -104,10 +120,16 @@ def schedule(
         new_attempt_id: Returns a fresh attempt id for each placement.
         max_worker_mcpu: The cores of the largest worker per inst_coll; a job needing more is
             permanently unschedulable. Collections not named are not checked.
+        max_instances: The maximum number of instances per inst_coll, only to tell waiting
+            jobs whether more instances may come (:func:`core.waiting.capacity_note`).
 
     Returns:
         The SJ events to publish, the reasons for unplaced jobs, the permanently
-        unschedulable jobs and the fair-share allocations.
+        unschedulable jobs, the fair-share allocations and the waiting reasons: one for every
+        (user, inst_coll) queue with fewer placements and unschedulable jobs than ready jobs
+        (and none for any other), plus one for each of the first
+        :data:`~core.waiting.MAX_JOBS_PER_QUEUE` jobs of a queue left unplaced for a reason of
+        their own (region, fit).
 
     """
     out = Decisions()
@@ -116,11 +138,18 @@ def schedule(
     for (user, inst_coll), queue in state.ready.items():
         if len(queue):
             users_by_coll.setdefault(inst_coll, []).append(user)
+    n_instances: dict[str, int] = {}
+    for inst in state.instances.values() if max_instances else ():
+        n_instances[inst.inst_coll] = n_instances.get(inst.inst_coll, 0) + 1
     budget = max_jobs
     for inst_coll in sorted(users_by_coll):
-        if budget <= 0:
-            break
         users = users_by_coll[inst_coll]
+        if budget <= 0:  # not reached this step: every queue waits its turn
+            out.waiting.update((WaitingKey(u, inst_coll), queued(max_jobs)) for u in users)
+            continue
+        cap = (max_instances or {}).get(inst_coll)
+        note = capacity_note(cap if cap is not None and n_instances.get(inst_coll, 0) >= cap
+                             else None)
         slots = [Slot(name, inst.region, inst.free_mcpu)
                  for name, inst in sorted(state.instances.items())
                  if inst.active and inst.inst_coll == inst_coll and inst.free_mcpu > 0]
@@ -132,16 +161,28 @@ def schedule(
         step_tiers = Tiers([*tiers.tiers, [FairSharePlugin(allocations, taken), FitPlugin()]])
         had_slots = bool(slots)
         for user in step_tiers.order_users(users):
-            if budget <= 0 or (had_slots and not slots):
-                break  # out of budget, or every instance is full
-            head = [_view(state, user, inst_coll, b, j)
-                    for b, j in islice(state.ready[(user, inst_coll)], budget)]
+            queue = state.ready[(user, inst_coll)]
+            if budget <= 0 or (had_slots and not slots):  # the user's turn never came
+                out.waiting[WaitingKey(user, inst_coll)] = (
+                    queued(max_jobs) if budget <= 0 else full(inst_coll, note))
+                continue
+            # Why the user's turn ended early (out of budget, every instance full, a user-level
+            # predicate), and the first reason of a job of its own.
+            stop: Waiting | None = None
+            first: Waiting | None = None
+            handled = job_entries = 0
+            head = [_view(state, user, inst_coll, b, j) for b, j in islice(queue, budget)]
             for job in step_tiers.order_jobs(head):
-                if budget <= 0 or (had_slots and not slots):
+                if budget <= 0:
+                    stop = queued(max_jobs)
+                    break
+                if had_slots and not slots:
+                    stop = full(inst_coll, note)
                     break
                 budget -= 1
                 limit = limits.get(inst_coll)
                 if limit is not None and job.cores_mcpu > limit:
+                    handled += 1
                     out.unschedulable.append(JobUnschedulable(
                         batch_id=job.batch_id, job_id=job.job_id, permanent=True,
                         reason=f"needs {job.cores_mcpu} mCPU; the largest {inst_coll} worker "
@@ -153,6 +194,7 @@ def schedule(
                     if placed.free_cores_mcpu <= 0:  # full: no later job needs to ask it
                         slots.remove(placed)
                     taken[user] = taken.get(user, 0) + job.cores_mcpu
+                    handled += 1
                     out.scheduled.append(JobScheduled(
                         batch_id=job.batch_id, job_id=job.job_id, attempt_id=new_attempt_id(),
                         instance_name=placed.name, inst_coll=inst_coll,
@@ -160,7 +202,19 @@ def schedule(
                     continue
                 out.unplaced.append(Unplaced(job.batch_id, job.job_id, placed))
                 if not _PER_JOB_REASONS.intersection(placed):
+                    stop = classify(placed, inst_coll=inst_coll, cores_mcpu=job.cores_mcpu,
+                                    regions=job.regions, note=note)
                     break  # quota, fair share or no instances: the user's turn is over
+                if job_entries < MAX_JOBS_PER_QUEUE:  # a bounded number of jobs say why
+                    job_entries += 1
+                    why = classify(placed, inst_coll=inst_coll, cores_mcpu=job.cores_mcpu,
+                                   regions=job.regions, note=note)
+                    first = first or why
+                    out.waiting[WaitingKey(user, inst_coll, job.batch_id, job.job_id)] = why
+            if stop is None and len(head) < len(queue):
+                stop = queued(max_jobs)  # the rest of the queue was past the step's budget
+            if handled < len(queue):
+                out.waiting[WaitingKey(user, inst_coll)] = stop or first or queued(max_jobs)
     return out
 
 

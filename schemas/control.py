@@ -2,12 +2,15 @@
 
 All go to the control topic. Users and tokens are keyed by user name, billing-project events by
 the project's name and rates by the resource, so each entity's history is totally ordered.
+The scheduler's waiting reasons (why ready jobs are not scheduled) share the key ``scheduler``.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
 from typing import ClassVar
+
+import msgspec
 
 from schemas import topics
 from schemas.base import Event
@@ -130,3 +133,39 @@ class ServiceFreezeSet(ControlEvent, frozen=True, kw_only=True, tag="service.fre
     def key(self) -> str:
         """All freezes share one key, so they are totally ordered."""
         return "service"
+
+
+class WaitingReason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Why the ready jobs of one (user, inst_coll) queue, or one ready job, are not scheduled.
+
+    Without ``batch_id``/``job_id`` the entry is the queue's; with them, one job's (the first
+    blocked jobs of a queue, when the reason is the job's own: its regions or its size).
+    ``reason`` is a code of :mod:`core.waiting` (``quota``, ``fair_share``, ``no_fit``,
+    ``region``, ``queued``); None clears the entry (the queue or job is no longer blocked).
+    ``since_ms`` is when the scheduler first published this reason for the entry.
+    """
+
+    user: str
+    inst_coll: str
+    batch_id: int | None = None
+    job_id: int | None = None
+    reason: str | None = None
+    message: str = ""
+    since_ms: int | None = None
+
+
+class WaitingReasonsChanged(ControlEvent, frozen=True, kw_only=True,
+                            tag="scheduler.waiting_reasons"):
+    """The leader of ``epoch`` observed these reasons change (a fact; only changes are sent).
+
+    The first event of an epoch replaces everything earlier epochs said (consumers drop their
+    entries); events of an epoch older than one already seen are ignored, like stale SJs.
+    All share one key, so they are totally ordered.
+    """
+
+    epoch: int
+    entries: list[WaitingReason] = []
+
+    def key(self) -> str:
+        """All waiting reasons share one key, so they are totally ordered."""
+        return "scheduler"

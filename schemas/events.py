@@ -66,6 +66,7 @@ from schemas.control import (
     TokenRevoked,
     UserCreated,
     UserDeleted,
+    WaitingReasonsChanged,
 )
 from schemas.execution import (
     AttemptHeartbeat,
@@ -126,6 +127,7 @@ AnyEvent: TypeAlias = (
     | InstanceDeactivated
     | InstanceDeleted
     | LogMarker
+    | WaitingReasonsChanged
 )
 """Every event of the system."""
 

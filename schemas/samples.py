@@ -43,6 +43,8 @@ from schemas.control import (
     TokenRevoked,
     UserCreated,
     UserDeleted,
+    WaitingReason,
+    WaitingReasonsChanged,
 )
 from schemas.envelope import Envelope, wrap
 from schemas.events import AnyEvent
@@ -149,6 +151,15 @@ def sample_events() -> list[AnyEvent]:
         LogMarker(marker_id="m-0", kafka_partition=0),
         # New samples go at the end: a sample's id and time come from its position.
         ServiceFreezeSet(frozen=True, reason="database maintenance"),
+        WaitingReasonsChanged(epoch=3, entries=[
+            WaitingReason(user="alice", inst_coll="standard", reason="fair_share",
+                          message="fair share: other users hold the rest of the free standard "
+                                  "cores", since_ms=T0 + 40_000),
+            WaitingReason(user="alice", inst_coll="standard", batch_id=7, job_id=1,
+                          reason="region", message="no standard instance in the job's regions "
+                                                   "(us-central1)", since_ms=T0 + 40_000),
+            WaitingReason(user="bob", inst_coll="highmem"),
+        ]),
     ]
 
 
@@ -157,7 +168,7 @@ def sample_envelopes() -> list[Envelope]:
     out = []
     for i, event in enumerate(sample_events()):
         epoch = 3 if event.topic == "scheduler-events" or event.__struct_config__.tag in (
-            "job.scheduled", "job.unschedulable") else 0
+            "job.scheduled", "job.unschedulable", "scheduler.waiting_reasons") else 0
         out.append(wrap(event, event_id=f"{i:032x}", time_ms=T0 + i, producer_epoch=epoch))
     return out
 

@@ -18,6 +18,7 @@ from core.billing import msec_mcpu
 from core.errors import BadRequest, NotFound
 from core.query import parse_batch_query, parse_job_query
 from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
+from core.waiting import CANCELLED
 from services.ingest import query_sql
 from services.ingest.store import Store
 from services.worker.logstore import LogStore, valid_name
@@ -38,8 +39,18 @@ _GROUP_COST = ("SELECT r.resource, SUM(a.resource_usage), SUM(a.resource_usage *
 _JOB = (
     "SELECT j.batch_id, j.job_id, j.job_group_id, j.state, j.exit_code, j.always_run, "
     "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.spec, j.status, "
-    "b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "j.cancelled, b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "WHERE j.batch_id = :b AND j.job_id = :j AND j.committed")
+# Why a Ready job waits: its cancelled group (drained soon), else its own reason, else its
+# queue's (core/waiting.py). Three primary-key lookups; the first that exists wins.
+_WAITING = (
+    "SELECT 0 AS pick, reason, NULL AS message, time_cancelled_ms AS since_ms "
+    "FROM job_groups_cancelled WHERE batch_id = :b AND job_group_id = :g AND :cancellable "
+    "UNION ALL SELECT 1, reason, message, since_ms FROM job_waiting_reasons "
+    "WHERE batch_id = :b AND job_id = :j "
+    "UNION ALL SELECT 2, reason, message, since_ms FROM user_waiting_reasons "
+    "WHERE user = :u AND inst_coll = :ic ORDER BY pick LIMIT 1")
+_WAITING_STATES = frozenset({"Ready", "Creating"})
 _JOB_ATTRS = "SELECT attr_key, attr_value FROM job_attributes WHERE batch_id = :b AND job_id = :j"
 _ATTEMPTS = ("SELECT attempt_id, instance_name, start_time_ms, end_time_ms, reason FROM attempts "
              "WHERE batch_id = :b AND job_id = :j ORDER BY start_time_ms, attempt_id")
@@ -231,10 +242,29 @@ class Reads:
                      for c in self.store.rows(stmt, **params)]
         out = {**self._job_entry(r, cost_rows), "name": attrs.get("name"),
                "status": json.loads(r.status) if r.status else None,
-               "spec": json.loads(r.spec), "inst_coll": r.inst_coll}
+               "spec": json.loads(r.spec), "inst_coll": r.inst_coll,
+               "waiting_reason": self._waiting_reason(r)}
         if attrs:
             out["attributes"] = attrs
         return out
+
+    def _waiting_reason(self, r: Any) -> dict[str, Any] | None:
+        """Why a job waiting to be scheduled is not running yet; None for any other job."""
+        if r.state not in _WAITING_STATES:
+            return None
+        if r.cancelled and not r.always_run:
+            return {"reason": CANCELLED, "message": "a parent job failed; the job waits to be "
+                    "drained by the canceller", "since": None, "since_ms": None}
+        w = self.store.one(_WAITING, b=r.batch_id, j=r.job_id, g=r.job_group_id,
+                           cancellable=not r.always_run, u=r.user, ic=r.inst_coll)
+        if w is None:
+            return None
+        if w.pick == 0:
+            return {"reason": CANCELLED, "message": f"the job's batch or job group was "
+                    f"cancelled ({w.reason}); the job waits to be drained by the canceller",
+                    "since": format_time_ms(w.since_ms), "since_ms": int(w.since_ms)}
+        return {"reason": str(w.reason), "message": str(w.message),
+                "since": format_time_ms(w.since_ms), "since_ms": int(w.since_ms)}
 
     def attempts(self, batch_id: int, job_id: int, user: str) -> list[dict[str, Any]] | None:
         self.job(batch_id, job_id, user)

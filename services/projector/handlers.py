@@ -38,6 +38,7 @@ from core.projection.fold import (
     fold_update_opened,
 )
 from core.projection.ops import InsertIgnore, Update, UpdateIn
+from core.projection.waiting import EPOCH_SCOPE, fold_waiting_reasons, needs_reset
 from schemas.base import AttemptResource, BatchEvent, CancelReason, JobState
 from schemas.batch import (
     BatchCancelled,
@@ -49,7 +50,7 @@ from schemas.batch import (
     UpdateCommitted,
     UpdateOpened,
 )
-from schemas.control import ControlEvent
+from schemas.control import ControlEvent, WaitingReasonsChanged
 from schemas.envelope import Envelope
 from schemas.execution import (
     AttemptHeartbeat,
@@ -115,6 +116,9 @@ _COMPLETION_COUNTS = _t(
     "SELECT batch_id, job_group_id, n_jobs, n_succeeded, n_failed, n_cancelled "
     "FROM job_group_job_counts WHERE batch_id IN :bs AND job_group_id IN :groups",
     "bs", "groups")
+_WAITING_EPOCH = sa.text("SELECT epoch FROM waiting_reasons_epoch WHERE scope = :s")
+_WAITING_USERS = sa.text("SELECT user, inst_coll FROM user_waiting_reasons")
+_WAITING_JOBS = sa.text("SELECT batch_id, job_id FROM job_waiting_reasons")
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _EXECUTION = (JobScheduled, JobStarted, JobCompleted, AttemptHeartbeat, AttemptLost,
               JobCancelled, JobUnschedulable)
@@ -226,6 +230,8 @@ class Handler:
     def _handle(self, env: Envelope) -> bool:
         event, now = env.event, env.time_ms
         match event:
+            case WaitingReasonsChanged():
+                self._waiting_reasons(event, now)
             case ControlEvent():
                 self._w.emit(fold_control(event, now))
             case BatchCreated():
@@ -260,6 +266,18 @@ class Handler:
             case _:
                 return False
         return True
+
+    def _waiting_reasons(self, event: WaitingReasonsChanged, now: int) -> None:
+        """Why ready jobs wait: stale epochs ignored, a newer epoch replaces every row."""
+        stored = self._read(_WAITING_EPOCH, s=EPOCH_SCOPE)
+        epoch = int(stored[0][0]) if stored else None
+        users: list[tuple[str, str]] = []
+        jobs: list[tuple[int, int]] = []
+        if needs_reset(event, epoch):  # once per election: every row the old leader left
+            users = [(str(u), str(ic)) for u, ic in self._read(_WAITING_USERS)]
+            jobs = [(int(b), int(j)) for b, j in self._read(_WAITING_JOBS)]
+        self._w.emit(fold_waiting_reasons(event, now, stored_epoch=epoch, existing_users=users,
+                                          existing_jobs=jobs))
 
     def _job_groups(self, event: JobGroupsSubmitted, now: int) -> None:
         inside = {g.job_group_id for g in event.job_groups}

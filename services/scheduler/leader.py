@@ -13,7 +13,9 @@ A round, as in the reference's driver loops:
 2. the canceller ends cancelled Ready jobs and kills cancelled Running ones, fairly across users;
 3. the scheduling step places Ready jobs (fair share, then tiers, then first fit) and the SJs
    are delivered with a short timeout; a worker that refuses one makes the attempt lost (a new
-   attempt follows), a worker that does not answer gets the same attempt again later;
+   attempt follows), a worker that does not answer gets the same attempt again later; what
+   changed in why ready jobs wait (:mod:`core.waiting`) is published at most every
+   ``waiting_s`` (``scheduler.waiting_reasons``, bounded, changes only);
 4. every ``autoscale_s``: lost and never-activated instances are deleted (their attempts lost),
    idle ones deactivated and deleted, and the autoscaler's plan is created;
 5. every ``budget_s``: batches of billing projects at or over their limit are cancelled.
@@ -40,11 +42,13 @@ from core.policy import Tiers
 from core.resources import JOB_PRIVATE, default_config
 from core.scheduler_state import SchedulerState
 from core.scheduling import cancellations, failure_cancellations, schedule
+from core.waiting import Published, Waiting, WaitingKey, apply_published, changes_event
 from schemas.batch import BatchCancelled
 from schemas.events import AnyEvent
 from schemas.execution import AttemptLost, JobScheduled
 from schemas.infra import InstanceCreated, InstanceDeactivated, InstanceDeleted, InstanceRequested
 from services.common.log import LogError, Publisher, now_ms
+from services.scheduler import metrics as scheduler_metrics
 from services.scheduler.budget import Budgets
 from services.scheduler.dispatch import Attempt, Delivery, WorkerClient
 from services.scheduler.drivers import ComputeDriver, InstanceSpec
@@ -85,6 +89,14 @@ class Leader:
             max_instances=sched.max_instances, max_new_per_round=sched.max_new_per_round,
             region=next(iter(self._pools.values())).regions[0])
         self._max_worker_mcpu = {name: p.worker_cores_mcpu for name, p in self._pools.items()}
+        self._max_instances = {**{name: p.max_instances for name, p in self._pools.items()},
+                               self._job_private.inst_coll: self._job_private.max_instances}
+        # Why ready jobs wait: the latest step's reasons, what this epoch published of them.
+        self._epoch = view.state.epoch  # the leader is made right after its election folds
+        self._waiting: dict[WaitingKey, Waiting] = {}
+        self._published: dict[WaitingKey, Published] = {}
+        self._waiting_sent = False
+        self._next_waiting = 0.0
         self._tiers = Tiers([])
         self._policy = None if sched.policy != "priority" else PriorityPolicy(
             parse_quotas(sched.quotas) if sched.quotas else {}, QuotaSettings(),
@@ -121,6 +133,7 @@ class Leader:
         """Rounds until cancelled; a round with nothing to do waits for the next event."""
         while True:
             self._view.changed.clear()
+            started = time.perf_counter()
             try:
                 busy = await self.round()
             except LogError as e:
@@ -130,6 +143,7 @@ class Leader:
                 await asyncio.sleep(1.0)
                 continue
             self.rounds += 1
+            scheduler_metrics.ROUND_SECONDS.observe(time.perf_counter() - started)
             if not busy:
                 try:
                     async with asyncio.timeout(self._sched.idle_loop_s):
@@ -146,6 +160,8 @@ class Leader:
         busy = await self._emit(failure_cancellations(self._state))
         busy = await self._cancel(now) or busy
         busy = await self._schedule(now) or busy
+        if now >= self._next_waiting:
+            await self._publish_waiting(now)
         if now >= self._next_redelivery:
             self._next_redelivery = now + 1.0
             await self._redeliver(now)
@@ -177,6 +193,7 @@ class Leader:
             return False
         envelopes = [self._publisher.envelope(e) for e in events]
         await self._publisher.publish_many(envelopes)
+        scheduler_metrics.published(events)
         for env in envelopes:
             self._view.apply_local(env)
         return True
@@ -194,13 +211,16 @@ class Leader:
                 if address is not None:
                     kills.append(self._client.kill(address, *key))
         await asyncio.gather(*kills)
+        scheduler_metrics.cancelled("kill", len(kills))
         return busy
 
     # --- scheduling and delivery -------------------------------------------------------------
     async def _schedule(self, now: float) -> bool:
         decisions = schedule(self._state, self._tiers, max_jobs=self._sched.max_jobs_per_step,
                              new_attempt_id=lambda: secrets.token_hex(5),
-                             max_worker_mcpu=self._max_worker_mcpu)
+                             max_worker_mcpu=self._max_worker_mcpu,
+                             max_instances=self._max_instances)
+        self._waiting = decisions.waiting
         busy = await self._emit(decisions.unschedulable)
         if not decisions.scheduled:
             return busy
@@ -209,6 +229,21 @@ class Leader:
         await self._deliver([(sj.batch_id, sj.job_id, sj.attempt_id, sj.instance_name)
                              for sj in scheduled], now)
         return True
+
+    async def _publish_waiting(self, now: float) -> None:
+        """Publish what changed in why ready jobs wait: at most every ``waiting_s``, bounded.
+
+        The epoch's first event goes out even if empty: consumers then drop what earlier
+        leaders said. Not "busy": it changes nothing the next round would act on.
+        """
+        self._next_waiting = now + self._sched.waiting_s  # the diff too: once per interval
+        event = changes_event(self._published, self._waiting, epoch=self._epoch,
+                              now_ms=now_ms(), first=not self._waiting_sent)
+        if event is None:
+            return
+        await self._emit([event])
+        apply_published(self._published, event, now_ms())
+        self._waiting_sent = True
 
     def _billed(self, sj: JobScheduled) -> JobScheduled:
         """The SJ with what its attempt is billed for (a job-private one bills its machine)."""

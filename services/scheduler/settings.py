@@ -17,6 +17,7 @@
 | ``HS_SCHEDULER_POLICY`` | ``fair-share`` | or ``priority``: JAliEn priorities first |
 | ``HS_SCHEDULER_QUOTAS`` | none | JSON quotas per user for ``priority`` |
 | ``HS_SCHEDULER_BUDGET_S`` | 5 | seconds between billing-limit checks |
+| ``HS_SCHEDULER_WAITING_S`` | 1 | seconds between waiting-reason events (changes only) |
 """
 
 from __future__ import annotations
@@ -60,12 +61,15 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     priority_s: float = 5.0
     cost_per_core_s: int = 1
     budget_s: float = 5.0
+    waiting_s: float = 1.0
+    """At most one ``scheduler.waiting_reasons`` event per this many seconds."""
 
 
 _ENV = {
     "HS_SCHEDULER_ID": ("scheduler_id", str),
     "HS_SCHEDULER_DRIVER": ("driver", str),
     "HS_SCHEDULER_BUDGET_S": ("budget_s", float),
+    "HS_SCHEDULER_WAITING_S": ("waiting_s", float),
     "HS_SCHEDULER_WORKER_CORES": ("worker_cores", int),
     "HS_SCHEDULER_MAX_INSTANCES": ("max_instances", int),
     "HS_SCHEDULER_MAX_NEW_PER_ROUND": ("max_new_per_round", int),

@@ -35,6 +35,7 @@ KEY_TABLES = {
     "aggregated_billing_project_resources", "aggregated_billing_project_user_resources_by_date",
     "aggregated_user_resources",
     "instances", "inst_colls", "callback_deliveries", "scheduler_epochs",
+    "user_waiting_reasons", "job_waiting_reasons", "waiting_reasons_epoch",
 }
 
 TOKENIZED_TABLES = {
