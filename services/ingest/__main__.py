@@ -1,7 +1,8 @@
 """``python -m services.ingest [--port N]``: serve the REST API until stopped.
 
 Job specs are written under ``HS_SPEC_DIR`` (default ``{HS_DATA_DIR}/specs``); job logs are read
-from ``HS_LOG_DIR`` (default ``{HS_DATA_DIR}/logs``), where workers write them.
+from ``HS_LOG_DIR`` (default ``{HS_DATA_DIR}/logs``), where workers write them; with
+``HS_STORAGE_URL=gs://...`` both live in GCS instead (:mod:`services.common.storage`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from aiohttp import web
 from core.resources import default_config
 from services.common.log import Publisher
 from services.common.settings import load_settings, log_root, projector_consumer, spec_root
-from services.common.specstore import LocalSpecStore
+from services.common.storage import open_log_store, open_spec_store
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
 from services.ingest.commands import Commands
 from services.ingest.store import Store
-from services.worker.logstore import LocalLogStore
 
 
-async def serve(port: int) -> None:
+async def serve(host: str, port: int) -> None:
     settings = load_settings()
     engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
                               pool_pre_ping=True)
@@ -34,13 +34,13 @@ async def serve(port: int) -> None:
     try:
         async with Publisher(settings.log) as publisher:
             commands = Commands(store, publisher, default_config(),
-                                specs=LocalSpecStore(spec_root(settings)))
+                                specs=open_spec_store(spec_root(settings)))
             app = create_app(store, commands, Billing(store, publisher),
-                             logs=LocalLogStore(log_root(settings)))
+                             logs=open_log_store(log_root(settings)))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            logging.getLogger(__name__).info("ingest listening on 127.0.0.1:%d", port)
+            await web.TCPSite(runner, host, port).start()
+            logging.getLogger(__name__).info("ingest listening on %s:%d", host, port)
             try:
                 await asyncio.Event().wait()
             finally:
@@ -52,11 +52,13 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m services.ingest")
     parser.add_argument("--port", type=int, default=int(os.environ.get("HS_INGEST_PORT", "5000")))
+    # Loopback by default (the local stack); 0.0.0.0 in a container or pod.
+    parser.add_argument("--host", default=os.environ.get("HS_INGEST_HOST", "127.0.0.1"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.port))
+        asyncio.run(serve(args.host, args.port))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ Configured by the shared ``HS_*`` variables (the log) plus:
 | ``HS_WORKER_SHUTDOWN_REPORT_S`` | 10 |
 | ``HS_WORKER_REGION`` | none |
 | ``HS_WORKER_SCRATCH_DIR`` | the system's temporary directory |
+| ``HS_WORKER_HOST`` | 127.0.0.1 (the interface to listen on; 0.0.0.0 on a cloud VM) |
+| ``HS_WORKER_ADVERTISE_HOST`` | ``HS_WORKER_HOST`` (the host announced to the scheduler) |
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ _WORKER_ENV = {
     "HS_WORKER_SHUTDOWN_REPORT_S": ("shutdown_report_s", float),
     "HS_WORKER_REGION": ("region", str),
     "HS_WORKER_SCRATCH_DIR": ("scratch_dir", str),
+    "HS_WORKER_HOST": ("host", str),
+    "HS_WORKER_ADVERTISE_HOST": ("advertise_host", str),
 }
 
 

@@ -54,9 +54,12 @@ from schemas.events import AnyEvent
 from schemas.execution import AttemptHeartbeat, JobStarted
 from schemas.infra import InstanceActivated
 from services.common.log import LogError, Publisher
+from services.common.metrics import metrics_handler
 from services.common.settings import LogSettings
-from services.common.specstore import LocalSpecStore, SpecStore
-from services.worker.logstore import LocalLogStore, LogStore, LogWriter, valid_name
+from services.common.specstore import SpecStore
+from services.common.storage import open_log_store, open_spec_store
+from services.worker import metrics as worker_metrics
+from services.worker.logstore import LogStore, LogWriter, valid_name
 from services.worker.runtime import (
     ContainerRuntime,
     LocalProcessRuntime,
@@ -90,6 +93,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     region: str | None = None
     # Where attempts get their working directories (None: the system's temporary directory).
     scratch_dir: str | None = None
+    # The interface to listen on and the host announced in InstanceActivated: a worker on a
+    # cloud VM listens on 0.0.0.0 and announces the VM's internal IP (drivers/cloud.py).
+    host: str = "127.0.0.1"
+    advertise_host: str | None = None  # None: ``host``
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,8 +138,9 @@ class Worker:
                  publisher: Publisher | None = None,
                  clock: Callable[[], int] = time_ms) -> None:
         self._settings = settings
-        self._store = store or LocalLogStore(settings.log_dir)
-        self._specs = specs or LocalSpecStore(settings.spec_dir)
+        # Local directories, or GCS with HS_STORAGE_URL (services.common.storage).
+        self._store = store or open_log_store(settings.log_dir)
+        self._specs = specs or open_spec_store(settings.spec_dir)
         self._runtime = runtime or LocalProcessRuntime(clock=clock)
         self._publisher = publisher or Publisher(log_settings)
         self._clock = clock
@@ -147,7 +155,7 @@ class Worker:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self._settings.port}"
+        return f"{self._settings.advertise_host or self._settings.host}:{self._settings.port}"
 
     @property
     def free_mcpu(self) -> int:
@@ -174,10 +182,11 @@ class Worker:
             web.delete(JOB_PATH, self._delete_job),
             web.get(JOB_PATH + "/log/{container}", self._get_log),
             web.get("/healthcheck", self._healthcheck),
+            web.get("/metrics", metrics_handler),
         ])
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", s.port).start()
+        await web.TCPSite(self._runner, s.host, s.port).start()
         self._accepting = True
         # Announced once listening, so the scheduler may dispatch as soon as it reads this.
         await self._report(InstanceActivated(instance_name=s.instance_name, address=self.address,
@@ -239,6 +248,7 @@ class Worker:
         attempt = _Attempt(job=job, request=run_request)
         self._attempts[key] = attempt
         attempt.task = asyncio.create_task(self._attempt(attempt), name=f"attempt-{key}")
+        worker_metrics.holding(attempt.task)
         return web.json_response({"attempt": "started"})
 
     async def _delete_job(self, request: web.Request) -> web.Response:
@@ -286,6 +296,8 @@ class Worker:
             outcome = None
             if error is None:
                 outcome, error = await self._execute(attempt, spec or {})
+                if outcome is not None and outcome.exit_code is not None:  # it started
+                    worker_metrics.spawned(start, outcome.start_time_ms)
             attempt.outcome = outcome if outcome is not None else Outcome(
                 state="Error", start_time_ms=start, end_time_ms=self._clock())
             if attempt.abandoned:
@@ -374,6 +386,7 @@ class Worker:
         while True:
             try:
                 await self._publisher.publish(event)
+                worker_metrics.reported(event)
                 return
             except LogError as e:
                 if not e.retryable:

@@ -1,0 +1,53 @@
+"""The worker's metrics: MJS and MJC published, running attempts, and spawn latency.
+
+A worker serves them on its own HTTP port (``GET /metrics``), beside the dispatch API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from prometheus_client import Counter
+
+from schemas.events import AnyEvent
+from schemas.execution import JobCompleted, JobStarted
+from services.common.metrics import counter, gauge, histogram
+
+MJS_PUBLISHED = counter("hs_worker_mjs_published", "Job starts (MJS events) the log accepted.")
+MJC_PUBLISHED = counter("hs_worker_mjc_published",
+                        "Job completions (MJC events) the log accepted, by final state.",
+                        ["state"])
+RUNNING = gauge("hs_worker_running_attempts",
+                "Attempts this worker holds (accepted and not yet reported).")
+SPAWN_SECONDS = histogram(
+    "hs_worker_spawn_seconds",
+    "From accepting a dispatch to the job's process starting (spec read, workdir, log).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+
+_by_state: dict[str, Counter] = {}
+
+
+def holding(task: asyncio.Task[None]) -> None:
+    """The worker holds an attempt until ``task`` ends."""
+    RUNNING.inc()
+    task.add_done_callback(_released)
+
+
+def _released(task: asyncio.Task[None]) -> None:
+    RUNNING.dec()
+
+
+def reported(event: AnyEvent) -> None:
+    """``event`` was published (MJS and MJC are counted; other events are not)."""
+    if isinstance(event, JobStarted):
+        MJS_PUBLISHED.inc()
+    elif isinstance(event, JobCompleted):
+        child = _by_state.get(event.state)
+        if child is None:
+            child = _by_state[event.state] = MJC_PUBLISHED.labels(event.state)
+        child.inc()
+
+
+def spawned(accepted_ms: int, started_ms: int) -> None:
+    """An attempt accepted at ``accepted_ms`` started its process at ``started_ms``."""
+    SPAWN_SECONDS.observe(max(0, started_ms - accepted_ms) / 1000)
