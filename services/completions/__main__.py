@@ -10,7 +10,9 @@ import asyncio
 import logging
 import signal
 
+from services.common.metrics import serve_metrics
 from services.common.settings import Settings, load_settings
+from services.completions import metrics as completions_metrics
 from services.completions.service import CompletionsService
 from services.completions.settings import CompletionsSettings, load_completions_settings
 
@@ -21,7 +23,11 @@ async def serve(settings: Settings, completions: CompletionsSettings) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with CompletionsService(settings, completions) as service:
-        await service.run(stop)
+        assert service.store is not None
+        probe = completions_metrics.PendingProbe(service.store)
+        async with serve_metrics("completions", refresh=[
+                (completions_metrics.PENDING_INTERVAL_S, probe.refresh)]):
+            await service.run(stop)
 
 
 def main() -> None:

@@ -29,6 +29,7 @@ from schemas.batch import BatchCompleted, JobGroupCompleted
 from schemas.codec import DecodeError
 from services.common.log import LogConsumer, LogError, Record, now_ms
 from services.common.offsets import MySQLOffsetStore
+from services.completions import metrics as completions_metrics
 from services.completions.settings import CompletionsSettings
 from services.completions.store import CompletionsStore, Delivery, NewDelivery
 
@@ -144,6 +145,7 @@ class CallbackSender:
         after = after_attempt(ok=error is None, attempts=d.attempt, max_attempts=s.max_attempts,
                               now_ms=now, base_ms=int(s.backoff_base_s * 1000),
                               cap_ms=int(s.backoff_max_s * 1000), jitter=self._rng.random())
+        completions_metrics.attempted(after.status)
         if after.status == "failed":
             log.warning("callback %s to %s failed for good after %d attempts: %s", d.key, d.url,
                         d.attempt, error)

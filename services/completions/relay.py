@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from core.completions import event_id, event_of
 from schemas.envelope import wrap
 from services.common.log import LogError, Publisher, now_ms
+from services.completions import metrics as completions_metrics
 from services.completions.settings import CompletionsSettings
 from services.completions.store import CompletionsStore
 
@@ -45,6 +46,7 @@ class OutboxRelay:
             wrap(event_of(c), event_id=event_id(c), time_ms=now) for c in pending])
         await asyncio.to_thread(self._store.mark_published, pending, self._clock())
         self.published += len(pending)
+        completions_metrics.RELAYED.inc(len(pending))
         log.info("published %d completion(s), up to batch %d", len(pending), pending[-1].batch_id)
         return len(pending)
 

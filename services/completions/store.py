@@ -53,6 +53,9 @@ _DELIVERY = sa.text(
     "SELECT idempotency_key, batch_id, job_group_id, url, payload, status, attempts, "
     "next_attempt_ms, last_error, time_created_ms, time_delivered_ms "
     "FROM callback_deliveries WHERE idempotency_key = :key")
+_BACKLOG = sa.text(
+    "SELECT (SELECT COUNT(*) FROM completions_outbox WHERE published_ms IS NULL), "
+    "(SELECT COUNT(*) FROM callback_deliveries WHERE status = 'pending')")
 ERROR_CHARS = 2_000
 
 
@@ -166,6 +169,12 @@ class CompletionsStore:
                 "error": None if error is None else error[:ERROR_CHARS],
                 "delivered": now_ms if after.status == "delivered" else None,
             } for d, after, error in results])
+
+    def backlog(self) -> tuple[int, int]:
+        """(unpublished outbox rows, pending deliveries): both counts use an index."""
+        with self.engine.connect() as conn:
+            unpublished, pending = conn.execute(_BACKLOG).one()
+        return int(unpublished), int(pending)
 
     def delivery(self, key: str) -> Any | None:
         """One delivery row (operators and tests)."""

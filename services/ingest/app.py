@@ -18,8 +18,10 @@ import msgspec
 from aiohttp import web
 
 from core.errors import DomainError
+from services.common.metrics import metrics_handler
 from services.ingest.billing import Billing
 from services.ingest.commands import Commands
+from services.ingest.metrics import request_metrics
 from services.ingest.reads import Reads
 from services.ingest.store import Store, User
 from services.worker.logstore import LogStore
@@ -294,7 +296,7 @@ def create_app(store: Store, commands: Commands, billing_: Billing, *,
     """The API over ``store`` (reads), ``commands`` and ``billing_`` (writes); job logs come
     from ``logs`` (none without it)."""
     app = web.Application(client_max_size=MAX_BODY,
-                          middlewares=[errors, _auth(_TokenCache())])
+                          middlewares=[request_metrics, errors, _auth(_TokenCache())])
     app[STORE] = store
     app[COMMANDS] = commands
     app[READS] = Reads(store, logs)
@@ -302,6 +304,7 @@ def create_app(store: Store, commands: Commands, billing_: Billing, *,
     b = "/api/v1alpha/batches"
     app.router.add_routes([
         web.get("/healthcheck", healthcheck),
+        web.get("/metrics", metrics_handler),  # outside /api/: no bearer token
         web.get("/api/v1alpha/version", version),
         web.get("/api/v1alpha/cloud", cloud),
         web.get("/api/v1alpha/default_region", default_region),

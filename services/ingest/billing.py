@@ -23,6 +23,7 @@ from schemas.control import (
 )
 from schemas.events import AnyEvent
 from services.common.log import Publisher
+from services.ingest import metrics as ingest_metrics
 from services.ingest.store import Store, User
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,99}$")
@@ -91,6 +92,7 @@ class Billing:
     # --- developer commands -----------------------------------------------------------------
     async def _append(self, events: list[AnyEvent]) -> None:
         positions = await self.publisher.publish_many(events)
+        ingest_metrics.appended(len(positions))
         await self.store.wait_applied(positions, timeout_s=self.wait_s)
 
     async def _existing(self, user: User, name: str) -> dict[str, Any]:

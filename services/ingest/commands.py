@@ -46,6 +46,7 @@ from schemas.batch import (
 from schemas.events import AnyEvent
 from services.common.log import Publisher
 from services.common.specstore import SpecStore
+from services.ingest import metrics as ingest_metrics
 from services.ingest.store import Store, User
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Commands:
 
     async def _append(self, events: Sequence[AnyEvent]) -> None:
         positions = await self.publisher.publish_many(list(events))
+        ingest_metrics.appended(len(positions))
         await self.store.wait_applied(positions, timeout_s=self.wait_s)
 
     # --- checks ---------------------------------------------------------------------------

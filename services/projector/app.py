@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +22,9 @@ from faust.types import TP
 from schemas import codec
 from schemas import topics as logical_topics
 from services.common.log import Record
+from services.common.metrics import MetricsServer
 from services.common.settings import PROJECTOR_CONSUMER, Settings
+from services.projector import metrics
 from services.projector.sink import Applied, Sink
 
 log = logging.getLogger(__name__)
@@ -61,9 +64,10 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
             delay = min(delay * 2, max_delay_s)
 
 
-def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER
-               ) -> faust.App:
-    """The projector app. ``name`` is its group id and the owner of its stored offsets."""
+def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER,
+               metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> faust.App:
+    """The projector app. ``name`` is its group id and the owner of its stored offsets.
+    With ``metrics_port``, it serves ``/metrics`` there and refreshes its consumer lag."""
     s = settings.log
     app = faust.App(
         f"{s.topic_prefix}{name}",
@@ -103,10 +107,26 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
             batches = stream.take_events(BATCH_SIZE, within=BATCH_WITHIN_S)  # type: ignore[attr-defined]
             async for events in batches:
                 records = _records(events, logical)
+                started = time.perf_counter()
                 applied = await apply_with_retry(sink, records)
+                metrics.observe(applied, time.perf_counter() - started)
                 log.debug("applied %d/%d records in %d statements", applied.fresh,
                           applied.records, applied.statements)
 
         project.__name__ = f"project_{topic.replace('-', '_')}"
         app.agent(channel, name=project.__name__)(project)
+
+    if metrics_port is not None:
+        def assigned() -> set[tuple[str, int]]:
+            return {(logical[tp.topic], tp.partition) for tp in app.consumer.assignment()
+                    if tp.topic in logical}
+
+        probe = metrics.LagProbe(s, sink.store, sink.consumer, PROJECTED_TOPICS, assigned)
+
+        async def serve_metrics() -> None:
+            async with MetricsServer(metrics_port, host=metrics_host,
+                                     refresh=[(metrics.LAG_INTERVAL_S, probe.refresh)]):
+                await asyncio.Event().wait()  # until faust cancels the task at shutdown
+
+        app.task(serve_metrics)
     return app

@@ -8,9 +8,9 @@ number, so concurrent projector instances never write the same counter row.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sqlalchemy as sa
 
@@ -30,6 +30,8 @@ class Applied:
     fresh: int = 0
     skipped_tags: int = 0
     statements: int = 0
+    by_tag: dict[str, int] = field(default_factory=dict)
+    """Fresh records per event tag (for metrics)."""
 
 
 class Sink:
@@ -67,4 +69,5 @@ class Sink:
             handler.settle()  # the outbox rows of this partition's completions
         writer.flush()
         stats.statements = writer.statements
+        stats.by_tag = Counter(r.envelope.tag for r in records)
         return stats

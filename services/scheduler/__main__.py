@@ -12,7 +12,9 @@ import logging
 import signal
 import sys
 
+from services.common.metrics import serve_metrics
 from services.common.settings import Settings, load_settings
+from services.scheduler import metrics as scheduler_metrics
 from services.scheduler.drivers import ComputeDriver, create_driver
 from services.scheduler.drivers.local import LocalDriver, LocalDriverOptions
 from services.scheduler.service import Scheduler
@@ -36,7 +38,8 @@ async def serve(settings: Settings, sched: SchedulerSettings) -> str:
         loop.add_signal_handler(sig, stop.set)
     driver = make_driver(settings, sched)
     try:
-        async with Scheduler(settings, sched, driver) as scheduler:
+        async with Scheduler(settings, sched, driver) as scheduler, serve_metrics("scheduler"):
+            scheduler_metrics.STATE.watch(scheduler, sched.scheduler_id)
             logging.getLogger(__name__).info("scheduler %s standing by", sched.scheduler_id)
             return await scheduler.run(stop)
     finally:

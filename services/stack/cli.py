@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from services.common.settings import load_settings
 from services.stack import lifecycle, status
-from services.stack.components import SEAWEED
+from services.stack.components import SEAWEED, metrics_urls
 from services.stack.config import StackConfig, load_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -58,6 +60,9 @@ def _summary(cfg: StackConfig) -> None:
     db = cfg.settings.db
     console.print(f"  {'mariadb':<10} {db.host}:{db.port} database {db.name}", highlight=False)
     console.print(f"  topics: {', '.join(sorted(st.topics)) or '-'}", highlight=False)
+    console.print("\nMetrics (Prometheus; workers serve /metrics on their own ports):")
+    for name, url in metrics_urls(cfg).items():
+        console.print(f"  {name:<11} {url}", highlight=False)
     console.print("\nClient environment:")
     for key, value in cfg.client_env().items():
         console.print(f"  export {key}={value}", highlight=False, soft_wrap=True)
@@ -90,7 +95,8 @@ def down(with_db: Annotated[bool, typer.Option(
 @app.command()
 def setup() -> None:
     """Only create topics and apply migrations where HS_* points (real Kafka and MySQL too)."""
-    cfg = _config()
+    # The settings as given: the stack's own config points the log at its local broker.
+    cfg = dataclasses.replace(_config(), settings=load_settings())
     try:
         lifecycle.setup(cfg, _say)
     except (lifecycle.StackError, TimeoutError) as e:

@@ -22,19 +22,23 @@ class ServiceSpec(NamedTuple):
     """A service run by the stack: ``python <argv...>`` listening on base + ``port_offset``.
 
     ``{port}`` in ``argv`` is replaced by the service's port, which is also passed as
-    ``HS_<NAME>_PORT``. ``port_offset`` None: the service does not listen.
+    ``HS_<NAME>_PORT``. ``port_offset`` None: the service does not listen. ``metrics_offset``:
+    its metrics server's port (``HS_METRICS_PORT``, base + offset); None: it serves /metrics
+    on its own port, or not at all.
     """
 
     name: str
     argv: tuple[str, ...]
     port_offset: int | None
+    metrics_offset: int | None = None
 
 
 SERVICES: list[ServiceSpec] = [
-    ServiceSpec("projector", ("-m", "services.projector"), port_offset=None),
+    ServiceSpec("projector", ("-m", "services.projector"), port_offset=None, metrics_offset=10),
     ServiceSpec("ingest", ("-m", "services.ingest", "--port", "{port}"), port_offset=0),
-    ServiceSpec("scheduler", ("-m", "services.scheduler"), port_offset=None),
-    ServiceSpec("completions", ("-m", "services.completions"), port_offset=None),
+    ServiceSpec("scheduler", ("-m", "services.scheduler"), port_offset=None, metrics_offset=11),
+    ServiceSpec("completions", ("-m", "services.completions"), port_offset=None,
+                metrics_offset=12),
 ]
 
 
@@ -103,7 +107,23 @@ def service_components(cfg: StackConfig,
             argv += [a.replace("{port}", str(port)) for a in spec.argv]
         else:
             argv += list(spec.argv)
-        out.append(Component(spec.name, argv, () if port is None else (port,), env))
+        ports: tuple[int, ...] = () if port is None else (port,)
+        if spec.metrics_offset is not None:
+            # A service without a port of its own is ready (and checked) on its metrics port.
+            env["HS_METRICS_PORT"] = str(cfg.stack.service_base_port + spec.metrics_offset)
+            ports += (cfg.stack.service_base_port + spec.metrics_offset,)
+        out.append(Component(spec.name, argv, ports, env))
+    return out
+
+
+def metrics_urls(cfg: StackConfig) -> dict[str, str]:
+    """Where each service of the stack serves ``/metrics`` (workers announce their own)."""
+    out = {}
+    for spec in SERVICES:
+        port = (cfg.stack.service_base_port + spec.metrics_offset
+                if spec.metrics_offset is not None else service_port(cfg, spec))
+        if port is not None:
+            out[spec.name] = f"http://127.0.0.1:{port}/metrics"
     return out
 
 

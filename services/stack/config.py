@@ -7,7 +7,9 @@ SeaweedFS's own defaults so a stray ``weed`` never collides with the stack):
     master base+0, volume +1, filer +2, s3 +3, admin +4, debug +5, metrics +6,
     gRPC: master +10, volume +11, filer +12, s3 +13, admin +14
 
-Services take ports from ``service_base_port`` (default 18400) upwards. Tests pick free blocks.
+Services take ports from ``service_base_port`` (default 18400) upwards: ingest +0 (its API and
+``/metrics``); the metrics servers of the projector +10, the scheduler +11 and completions +12
+(docs/metrics.md). Tests pick free blocks.
 """
 
 from __future__ import annotations

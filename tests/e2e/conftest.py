@@ -58,6 +58,8 @@ class System:
     tmp: Path = Path(".")
     schedulers: dict[str, Any] = field(default_factory=dict)
     scheduler_env: dict[str, str] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    """The metrics server port of each service process (schedulers by name)."""
 
     def hail(self, scenario: str, *args: str, timeout: float = 240,
              developer: bool = False) -> Any:
@@ -78,7 +80,9 @@ class System:
     def start_scheduler(self, name: str, extra: dict[str, str], *,
                         leader: bool = False) -> Any:
         """A scheduler replica as a process; with ``leader``, wait until it is elected."""
-        env = {**self.env, **extra, "HS_SCHEDULER_ID": name}
+        self.metrics_ports[name] = procs.free_port()
+        env = {**self.env, "HS_METRICS_PORT": str(self.metrics_ports[name]), **extra,
+               "HS_SCHEDULER_ID": name}
         log = self.tmp / f"{name}.log"
         proc = _spawn(["-m", "services.scheduler"], env, log)
         self.schedulers[name] = proc
@@ -143,12 +147,16 @@ def start_system(broker: str, db: DatabaseSettings, tmp: Path, *,
            "HS_KAFKA_PARTITIONS": "4", "HS_DB_NAME": db.name,
            "HS_DB_HOST": db.host, "HS_DB_PORT": str(db.port),
            "HS_INGEST_PORT": str(port), "HS_DATA_DIR": str(tmp / "data")}
-    services = [_spawn(["-m", "services.projector"], env, tmp / "projector.log")]
+    metrics = {name: procs.free_port() for name in ("projector", "completions")}
+    services = [_spawn(["-m", "services.projector"],
+                       {**env, "HS_METRICS_PORT": str(metrics["projector"])},
+                       tmp / "projector.log")]
     ingest = _spawn(["-m", "services.ingest", "--port", str(port)], env, tmp / "ingest.log")
     services.append(ingest)
     if completions_env is not None:
-        services.append(_spawn(["-m", "services.completions"], {**env, **completions_env},
-                               tmp / "completions.log"))
+        services.append(_spawn(["-m", "services.completions"],
+                               {**env, "HS_METRICS_PORT": str(metrics["completions"]),
+                                **completions_env}, tmp / "completions.log"))
     engine = sa.create_engine(db.url())
     sys_ = None
     try:
@@ -157,7 +165,7 @@ def start_system(broker: str, db: DatabaseSettings, tmp: Path, *,
         dev_token, dev_token_id, dev_digest = new_token()
         sys_ = System(url=f"http://127.0.0.1:{port}", token=token, dev_token=dev_token,
                       billing_project="e2e", user="tester", log=log, db=db,
-                      engine=engine, env=env, tmp=tmp)
+                      engine=engine, env=env, tmp=tmp, metrics_ports=metrics)
         sys_.append([UserCreated(user="tester"),
                      TokenIssued(user="tester", token_id=token_id, token_sha256=digest),
                      UserCreated(user="boss", is_developer=True),
