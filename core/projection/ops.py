@@ -47,14 +47,15 @@ class UpdateIn:
     """Set columns of the rows matching ``where`` whose ``column`` is one of ``values_in``.
 
     One statement for many rows that get the same values (a commit sets a few distinct
-    (state, pending parents) combinations on thousands of jobs).
+    (state, pending parents) combinations on thousands of jobs). With string values it is also
+    a guard: an instance event changes the row only while its state is one of ``values_in``.
     """
 
     table: str
     values: Row
     where: Row
     column: str
-    values_in: Sequence[int]
+    values_in: Sequence[int] | Sequence[str]
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from services.projector.sink import Applied, Sink
 
 log = logging.getLogger(__name__)
 
-PROJECTED_TOPICS = (logical_topics.CONTROL, logical_topics.BATCH)
+PROJECTED_TOPICS = (logical_topics.CONTROL, logical_topics.BATCH, logical_topics.SCHEDULER)
 BATCH_SIZE = 2_000
 BATCH_WITHIN_S = 0.01  # a batch waits at most this long to fill: latency on the serial path
 

@@ -1,5 +1,8 @@
 """Per-event handling: load the little state an event needs, call the pure core, emit ops.
 
+Scheduler-topic events (instances, elections) and the per-minute ``event_rates`` counts of
+execution events need no reads: :mod:`core.projection.instances` maps them to operations.
+
 SQL here only *reads*; every write is an operation applied by the writer. Reads flush the
 writer first, so they see the effects of earlier events of the same batch.
 
@@ -37,6 +40,7 @@ from core.projection.fold import (
     fold_jobs,
     fold_update_opened,
 )
+from core.projection.instances import count_event, fold_election, fold_instance
 from core.projection.ops import InsertIgnore, Update, UpdateIn
 from core.projection.waiting import EPOCH_SCOPE, fold_waiting_reasons, needs_reset
 from schemas.base import AttemptResource, BatchEvent, CancelReason, JobState
@@ -61,6 +65,7 @@ from schemas.execution import (
     JobStarted,
     JobUnschedulable,
 )
+from schemas.infra import InstanceEvent, SchedulerElected
 from services.projector.writer import Writer
 
 
@@ -252,8 +257,10 @@ class Handler:
                 self._w.emit(fold_batch_deleted(event, now))
             case JobScheduled() | JobStarted():
                 self._start(event, now)
+                self._w.emit(count_event(event, now, self._token))
             case JobCompleted():
                 self._completed(event, now)
+                self._w.emit(count_event(event, now, self._token))
             case AttemptHeartbeat():
                 self._bill(event.batch_id, event.job_id, event.attempt_id,
                            event.rollup_time_ms)
@@ -261,8 +268,13 @@ class Handler:
                 self._lost(event, now)
             case JobCancelled():
                 self._job_cancelled(event, now)
+                self._w.emit(count_event(event, now, self._token))
             case JobUnschedulable():
                 self._unschedulable(event, now)
+            case InstanceEvent():
+                self._w.emit(fold_instance(event, now))
+            case SchedulerElected():
+                self._w.emit(fold_election(event, now))
             case _:
                 return False
         return True

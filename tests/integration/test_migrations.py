@@ -35,14 +35,14 @@ KEY_TABLES = {
     "aggregated_billing_project_resources", "aggregated_billing_project_user_resources_by_date",
     "aggregated_user_resources",
     "instances", "inst_colls", "callback_deliveries", "scheduler_epochs",
-    "user_waiting_reasons", "job_waiting_reasons", "waiting_reasons_epoch",
+    "user_waiting_reasons", "job_waiting_reasons", "waiting_reasons_epoch", "event_rates",
 }
 
 TOKENIZED_TABLES = {
     "user_inst_coll_resources", "job_group_inst_coll_cancellable_resources",
     "aggregated_job_group_resources", "aggregated_batch_resources",
     "aggregated_billing_project_resources", "aggregated_billing_project_user_resources_by_date",
-    "aggregated_user_resources",
+    "aggregated_user_resources", "event_rates",
 }
 
 # Reserved words of MySQL 8.0 (INFORMATION_SCHEMA.KEYWORDS WHERE RESERVED): none may name a table

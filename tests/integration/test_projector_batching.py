@@ -24,6 +24,15 @@ from schemas.execution import (
     JobScheduled,
     JobStarted,
 )
+from schemas.infra import (
+    InstanceActivated,
+    InstanceCreated,
+    InstanceDeactivated,
+    InstanceDeleted,
+    InstanceRequested,
+    SchedulerElected,
+    SchedulerEvent,
+)
 from services.audit.tables import Comparison
 from services.common.log import Record
 from services.common.settings import DatabaseSettings
@@ -74,10 +83,31 @@ def _job_events(b: int, job_id: int, rnd: random.Random, t: int) -> list[AnyEven
     return out
 
 
+def _instances(rnd: random.Random) -> list[AnyEvent]:
+    """The workers' lifecycles, some duplicated or late (an activation after the deletion)."""
+    out: list[AnyEvent] = [SchedulerElected(epoch=1, scheduler_id="s")]
+    for n in range(1, 5):
+        w = f"w{n}"
+        life: list[AnyEvent] = [
+            InstanceRequested(instance_name=w, inst_coll="standard", machine_type="m",
+                              region="local", cores_mcpu=4000, preemptible=True),
+            InstanceCreated(instance_name=w, inst_coll="standard"),
+            InstanceActivated(instance_name=w, address=f"127.0.0.1:{5000 + n}",
+                              cores_mcpu=4000)]
+        if n == 4:
+            life += [InstanceDeactivated(instance_name=w, reason="idle"),
+                     InstanceDeleted(instance_name=w, reason="idle"), life[2]]
+        if rnd.random() < 0.5:
+            life.insert(rnd.randint(1, len(life)), rnd.choice(life))
+        out += life
+    return out
+
+
 def history(seed: int) -> list[AnyEvent]:
     rnd = random.Random(seed)
     events: list[AnyEvent] = [ResourceRateSet(resource=r, rate=Decimal(rate))
                               for r, rate in sorted(default_rates().items())]
+    events += _instances(rnd)
     runs: list[list[AnyEvent]] = []
     for b in range(1, 5):
         sub, jobs = submission(b, 40, rnd)
@@ -105,8 +135,12 @@ def history(seed: int) -> list[AnyEvent]:
 
 def _records(events: list[AnyEvent]) -> list[Record]:
     control = [e for e in events if isinstance(e, ResourceRateSet)]
-    return (Stream(topic="control-events").records(control)
-            + Stream().records([e for e in events if not isinstance(e, ResourceRateSet)]))
+    scheduler = [Stream(topic="scheduler-events", partition=p) for p in (0, 1)]
+    instances = [scheduler[sum(map(ord, e.key())) % 2].records([e])[0] for e in events
+                 if isinstance(e, SchedulerEvent)]
+    return (Stream(topic="control-events").records(control) + instances
+            + Stream().records([e for e in events
+                                if not isinstance(e, ResourceRateSet | SchedulerEvent)]))
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -141,6 +175,11 @@ def test_big_transactions_equal_one_record_per_transaction(
         assert conn.exec_driver_sql(
             "SELECT COUNT(*) FROM batches WHERE state = 'complete'").scalar_one() == 4
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM completions_outbox").scalar_one() >= 4
+        assert dict(conn.exec_driver_sql(
+            "SELECT state, COUNT(*) FROM instances GROUP BY state").all()) == {
+            "active": 3, "deleted": 1}
+        assert conn.exec_driver_sql(
+            "SELECT SUM(n) FROM event_rates WHERE kind = 'MJC'").scalar_one() > 50
         # batch 3 completed twice, once per update: one outbox row for each
         assert conn.exec_driver_sql(
             "SELECT n_jobs FROM completions_outbox WHERE batch_id = 3 AND job_group_id = 0 "
