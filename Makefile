@@ -9,7 +9,7 @@ ARGS ?=
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help venv venv-hail up down status db-up test lint typecheck bench ci
+.PHONY: help venv venv-hail up down status db-up chromium test lint typecheck bench ci
 
 help:
 	@echo "make venv       create $(VENV) ($(PYTHON)) and install '.[dev]' (when pyproject changes)"
@@ -55,8 +55,14 @@ status: venv
 db-up: venv
 	$(PY) -m services.stack db-up
 
+# The UI tests (tests/e2e/test_ui.py) drive Debian's Chromium through playwright; playwright's
+# own browser downloads are never used.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || apt-get install -y -qq chromium \
+	  || (apt-get update -qq && apt-get install -y -qq chromium)
+
 # pytest's exit code 5 (no tests collected) fails the target like any other non-zero code.
-test: venv venv-hail db-up
+test: venv venv-hail db-up chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv

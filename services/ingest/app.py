@@ -19,6 +19,7 @@ from aiohttp import web
 
 from core.errors import DomainError
 from services.common.metrics import metrics_handler
+from services.ingest import ui
 from services.ingest.billing import Billing
 from services.ingest.commands import Commands
 from services.ingest.metrics import request_metrics
@@ -341,4 +342,5 @@ def create_app(store: Store, commands: Commands, billing_: Billing, *,
         web.post("/api/v1alpha/billing_limits/{billing_project}/edit", edit_limit),
         web.get("/api/v1alpha/billing", billing),
     ])
+    ui.setup(app, store, app[READS], commands, billing_)  # the web UI under /ui
     return app

@@ -4,6 +4,7 @@ the only worker, the fifth waits (no fitting instance, the pool at its maximum).
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 from services.common.settings import DatabaseSettings
+from services.ingest.ui.session import SESSION_COOKIE
 
 from .conftest import SCHEDULER_ENV, System, get_json, start_system, wait_for
 
@@ -51,6 +53,10 @@ def test_a_job_waiting_for_cores_says_why_until_it_runs(one_small_worker: System
     assert "no active standard instance has free cores" in reason["message"], reason
     assert "maximum of 1 instances" in reason["message"], reason
     assert reason["since"] and reason["since_ms"] > 0
+    # The job's page in the web UI says the same (the session cookie holds the token).
+    page = _ui_page(system, f"/ui/batches/{batch_id}/jobs/{waiting['job_id']}")
+    assert 'id="waiting-reason"' in page and "no_fit" in page, page[:2000]
+    assert "no active standard instance has free cores" in page
     assert all(s["waiting_reason"] is None for s in jobs(system, batch_id).values()
                if s["state"] != "Ready")
 
@@ -61,6 +67,13 @@ def test_a_job_waiting_for_cores_says_why_until_it_runs(one_small_worker: System
     assert ran["waiting_reason"] is None
     # Once nothing waits, the scheduler clears what it said (the projection holds no reason).
     wait_for("the reasons to be cleared", lambda: not _reasons(system.engine, system.user))
+
+
+def _ui_page(system: System, path: str) -> str:
+    request = urllib.request.Request(f"{system.url}{path}",
+                                     headers={"Cookie": f"{SESSION_COOKIE}={system.token}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return str(resp.read().decode())
 
 
 def _reasons(engine: sa.Engine, user: str) -> list[Any]:
