@@ -25,10 +25,10 @@ _SERVICE = re.compile(r"-m\s+services\.(\w+)")
 def _component(cmdline: str) -> str | None:
     if "mariadbd" in cmdline:
         return "mariadb (shared)"
+    if "weed" in cmdline.split(" ")[0]:  # before tansu: its bucket is named "tansu"
+        return "storage (seaweedfs)"
     if "tansu" in cmdline:
         return "broker (tansu)"
-    if "weed" in cmdline.split(" ")[0] or "/weed " in cmdline:
-        return "storage (seaweedfs)"
     m = _SERVICE.search(cmdline)
     if m:
         return "stack cli" if m.group(1) == "stack" else m.group(1)

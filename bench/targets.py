@@ -27,6 +27,20 @@ def _get(results: Mapping[str, Mapping[str, Any]], scenario: str, key: str) -> A
     return results.get(scenario, {}).get(key)
 
 
+def _cpu_note(results: Mapping[str, Mapping[str, Any]], scenario: str, unit: str,
+              prefix: str = "") -> str:
+    """The CPU a unit of work cost in all, its biggest consumer, and the rate that implies
+    with the whole machine on it (bench/cpu.py)."""
+    total = _get(results, scenario, f"{prefix}cpu_ms_per_{unit}_total")
+    per = _get(results, scenario, f"{prefix}cpu_ms_per_{unit}") or {}
+    ceiling = _get(results, scenario, f"{prefix}ceiling_per_s")
+    if total is None or not per:
+        return ""
+    top = max(per, key=per.get)
+    return (f"; CPU {total} ms/{unit} (most: {top} {per[top]} ms) -> at most {ceiling}/s "
+            f"with every core on it")
+
+
 def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
     """Every target, judged from ``results`` (scenario -> figures) where they have the figure."""
     out: list[Assessment] = []
@@ -37,6 +51,7 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
         out.append(Assessment("no-op jobs/s end to end", "-", ">= 1000 (100,000 jobs)", None))
     else:
         note = f"at {jobs:,} jobs; process-spawn ceiling {spawn}/s (16 concurrent)"
+        note += _cpu_note(results, "execution", "job")
         if jobs < 100_000:
             note += "; the target's batch is 100,000"
         out.append(Assessment("no-op jobs/s end to end", f"{rate}", ">= 1000 (100,000 jobs)",
@@ -52,6 +67,7 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
     else:
         projected = seconds * 1_000_000 / n
         note = "" if n == 1_000_000 else f"{seconds} s for {n:,} jobs, scaled linearly"
+        note += _cpu_note(results, "ingest", "job")
         out.append(Assessment("1,000,000-job submit (hailtop)", f"{projected:.1f} s", "< 20 s",
                               projected < 20, note))
     small = _get(results, "ingest", "status_ms_at_1000_jobs")
@@ -79,7 +95,11 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
         ">= 50,000", None if replay_rate is None else replay_rate >= 50_000,
         "" if replay_rate is None else
         f"{_get(results, 'replay', 'events')} events; write statements/event "
-        f"{_get(results, 'replay', 'write_statements_per_event')}"))
+        f"{_get(results, 'replay', 'write_statements_per_event')}"
+        + _cpu_note(results, "replay", "event", prefix="replay_")
+        + ("" if _get(results, "replay", "copy_floor_events_per_s_2_cores") is None else
+           f"; MariaDB copying the replayed rows server-side: "
+           f"{_get(results, 'replay', 'copy_floor_events_per_s_2_cores')} events/s on 2 cores")))
     gib = _get(results, "scheduler-memory", "projected_gib_at_10m_jobs")
     sched_jobs = _get(results, "scheduler-memory", "jobs")
     if gib is None:
