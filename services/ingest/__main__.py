@@ -3,6 +3,11 @@
 Job specs are written under ``HS_SPEC_DIR`` (default ``{HS_DATA_DIR}/specs``); job logs are read
 from ``HS_LOG_DIR`` (default ``{HS_DATA_DIR}/logs``), where workers write them; with
 ``HS_STORAGE_URL=gs://...`` both live in GCS instead (:mod:`services.common.storage`).
+
+A write answers once the projector has applied it (read-your-writes), or after
+``HS_INGEST_WAIT_S`` seconds (default 4) with the event safely on the log. The bound stays
+under the official client's default request timeout (5 s): past it, hailtop retries, and a
+retried commit of an update the first request committed is a 400 ("already committed").
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ async def serve(host: str, port: int) -> None:
     store = Store(engine, projector_consumer(settings.log))
     try:
         async with Publisher(settings.log) as publisher:
-            commands = Commands(store, publisher, default_config(),
+            wait_s = float(os.environ.get("HS_INGEST_WAIT_S", "4"))
+            commands = Commands(store, publisher, default_config(), wait_s=wait_s,
                                 specs=open_spec_store(spec_root(settings)))
-            app = create_app(store, commands, Billing(store, publisher),
+            app = create_app(store, commands, Billing(store, publisher, wait_s=wait_s),
                              logs=open_log_store(log_root(settings)))
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
