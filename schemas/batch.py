@@ -16,7 +16,11 @@ from schemas.base import BatchEvent, BatchOutcome, CancelReason, JobResources
 
 
 class BatchCreated(BatchEvent, frozen=True, kw_only=True, tag="batch.created"):
-    """A batch now exists, with no updates and no jobs. Idempotent per (user, token)."""
+    """A batch now exists, with no updates and no jobs. Idempotent per (user, token).
+
+    ``empty``: created with no jobs and no groups to come (no update was opened with it), so it
+    is complete at once, as the API promises for a batch with no jobs; a later update reopens it.
+    """
 
     user: str
     billing_project: str
@@ -24,6 +28,7 @@ class BatchCreated(BatchEvent, frozen=True, kw_only=True, tag="batch.created"):
     attributes: dict[str, str] = {}
     callback: str | None = None
     cancel_after_n_failures: int | None = None
+    empty: bool = False
 
 
 class UpdateOpened(BatchEvent, frozen=True, kw_only=True, tag="batch.update_opened"):

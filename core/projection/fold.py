@@ -99,19 +99,27 @@ def fold_control(event: ControlEvent, time_ms: int) -> list[Op]:
 
 
 def fold_batch_created(event: BatchCreated, time_ms: int) -> list[Op]:
-    """The batch row, its attributes, its root job group (0) and the group's counters."""
+    """The batch row, its attributes, its root job group (0) and the group's counters.
+
+    A batch created ``empty`` is closed and complete at once, its root group too.
+    """
     b = event.batch_id
+    done: dict[str, int | str | None] = {}
+    group_done: dict[str, int | str | None] = {}
+    if event.empty:
+        done = {"state": "complete", "time_closed_ms": time_ms, "time_completed_ms": time_ms}
+        group_done = {"state": "complete", "time_completed_ms": time_ms}
     ops: list[Op] = [
         InsertIgnore("batches", [{
             "id": b, "user": event.user, "billing_project": event.billing_project,
             "token": event.token, "attributes": _json(event.attributes),
             "callback": event.callback, "cancel_after_n_failures": event.cancel_after_n_failures,
-            "time_created_ms": time_ms}]),
+            "time_created_ms": time_ms, **done}]),
         InsertIgnore("job_groups", [{
             "batch_id": b, "job_group_id": 0, "update_id": None, "parent_id": None, "depth": 0,
             "attributes": _json(event.attributes), "callback": event.callback,
             "cancel_after_n_failures": event.cancel_after_n_failures, "committed": True,
-            "time_created_ms": time_ms}]),
+            "time_created_ms": time_ms, **group_done}]),
         InsertIgnore("job_group_self_and_ancestors", [
             {"batch_id": b, "job_group_id": 0, "ancestor_id": 0, "level": 0}]),
         InsertIgnore("job_group_job_counts", [{"batch_id": b, "job_group_id": 0}]),

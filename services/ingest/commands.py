@@ -194,11 +194,12 @@ class Commands:
             return None
         return batch_id, await self._db(self.store.update_by_token, batch_id, spec.token)
 
-    def _batch_created(self, batch_id: int, spec: BatchSpec, user: User) -> BatchCreated:
+    def _batch_created(self, batch_id: int, spec: BatchSpec, user: User, *,
+                       empty: bool = False) -> BatchCreated:
         return BatchCreated(batch_id=batch_id, user=user.name,
                             billing_project=spec.billing_project, token=spec.token,
                             attributes=spec.attributes, callback=spec.callback,
-                            cancel_after_n_failures=spec.cancel_after_n_failures)
+                            cancel_after_n_failures=spec.cancel_after_n_failures, empty=empty)
 
     async def create_batch(self, body: Any, user: User) -> dict[str, Any]:
         await self._check_not_frozen()
@@ -211,7 +212,8 @@ class Commands:
                     "start_job_group_id": None if update is None else update.start_job_group_id,
                     "start_job_id": None if update is None else update.start_job_id}
         batch_id = await self._db(self.store.allocate, "batch", 1)
-        events: list[AnyEvent] = [self._batch_created(batch_id, spec, user)]
+        empty = not (spec.n_jobs or spec.n_job_groups)
+        events: list[AnyEvent] = [self._batch_created(batch_id, spec, user, empty=empty)]
         out: dict[str, Any] = {"id": batch_id, "update_id": None, "start_job_group_id": None,
                                "start_job_id": None}
         if spec.n_jobs or spec.n_job_groups:

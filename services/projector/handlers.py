@@ -241,6 +241,8 @@ class Handler:
                 self._w.emit(fold_control(event, now))
             case BatchCreated():
                 self._w.emit(fold_batch_created(event, now))
+                if event.empty:  # complete at once: its outbox rows, as a commit of no jobs
+                    self._done.setdefault(event.batch_id, []).append(([0], frozenset(), now))
             case UpdateOpened():
                 self._w.emit(fold_update_opened(event, now))
             case JobGroupsSubmitted():

@@ -55,6 +55,15 @@ async def big_batch(c: aioclient.BatchClient, n: str) -> dict[str, Any]:
             "group": group, "n_ready_listed": len(ready), "seconds": elapsed}
 
 
+async def empty_batch(c: aioclient.BatchClient) -> dict[str, Any]:
+    b = c.create_batch(attributes={"name": "empty"})
+    await b.submit(disable_progress_bar=True)  # POST /batches/create, no update
+    first = await asyncio.wait_for(b.wait(disable_progress_bar=True), 60)
+    b.create_job("ubuntu:24.04", ["true"])
+    await b.submit(disable_progress_bar=True)  # update-fast reopens it
+    return {"id": b.id, "first": first, "after_update": await b.status()}
+
+
 async def updates(c: aioclient.BatchClient) -> dict[str, Any]:
     b = c.create_batch()
     j1 = b.create_job("ubuntu:24.04", ["true"])
@@ -399,8 +408,8 @@ async def callbacks(c: aioclient.BatchClient, batch_url: str, group_url: str) ->
 
 
 SCENARIOS = {f.__name__: f for f in (
-    create_fast_dependency, big_batch, updates, groups, queries, token_idempotent, errors,
-    billing_member, billing_developer, run_basic, dag, cancel, n_failures, job_groups_run,
+    create_fast_dependency, big_batch, empty_batch, updates, groups, queries, token_idempotent,
+    errors, billing_member, billing_developer, run_basic, dag, cancel, n_failures, job_groups_run,
     machine_types, many_noops, submit_sleepers, wait_batch, callbacks, submit_refused,
     billed_batch)}
 

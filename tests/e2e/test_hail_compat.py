@@ -35,6 +35,17 @@ def test_five_thousand_jobs_in_bunches(system: System) -> None:
     assert r["n_ready_listed"] == 5000
 
 
+def test_a_batch_submitted_with_no_jobs_is_complete_and_an_update_reopens_it(
+        system: System) -> None:
+    r = system.hail("empty_batch")
+    first = r["first"]
+    assert first["complete"] is True and first["state"] == "success" and first["n_jobs"] == 0
+    assert first["closed"] is True and first["time_completed"] is not None
+    after = r["after_update"]
+    assert after["n_jobs"] == 1 and after["state"] == "running" and after["complete"] is False
+    assert after["time_completed"] is None
+
+
 def test_updates_with_dependencies_across_updates(system: System) -> None:
     r = system.hail("updates")
     assert r["status"]["n_jobs"] == 3 + 1100

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from schemas.batch import BatchCancelled, JobGroupRecord
+from schemas.batch import BatchCancelled, BatchCreated, JobGroupRecord
 from schemas.execution import JobCancelled, JobCompleted, JobScheduled
 from services.common.settings import DatabaseSettings
 from services.projector.sink import Sink
@@ -86,6 +86,26 @@ def test_commits_that_leave_nothing_to_run_complete_at_once(engine: sa.Engine,
     t = records[-1].envelope.time_ms
     assert outbox(engine, 3) == [(0, 0, "success", 0, 0, 0, t, None),
                                  (1, 0, "success", 0, 0, 0, t, None)]
+
+
+def test_a_batch_created_empty_is_complete_at_once_and_reopens(engine: sa.Engine,
+                                                               sink: Sink) -> None:
+    """POST /batches/create with no jobs opens no update: the batch is complete (success) at
+    once, with its completion; an update later makes it run and complete again."""
+    s = Stream()
+    records = s.records([BatchCreated(batch_id=5, user="alice", billing_project="proj",
+                                      token="tok-5", empty=True)])
+    sink.apply(records)
+    t = records[0].envelope.time_ms
+    assert query(engine, "SELECT state, time_closed_ms, time_completed_ms FROM batches "
+                 "WHERE id = 5") == [("complete", t, t)]
+    assert outbox(engine, 5) == [(0, 0, "success", 0, 0, 0, t, None)]
+    sink.apply(s.records(submission(5, 1, [job(1)])))
+    assert query(engine, "SELECT state, time_completed_ms FROM batches WHERE id = 5"
+                 ) == [("running", None)]
+    sink.apply(s.records(run(5, 1)))
+    assert query(engine, "SELECT state FROM batches WHERE id = 5") == [("complete",)]
+    assert [r[:3] for r in outbox(engine, 5)] == [(0, 0, "success"), (0, 1, "success")]
 
 
 def test_a_cancelled_batch_completes_cancelled(engine: sa.Engine, sink: Sink) -> None:
