@@ -39,6 +39,8 @@ from bench import (
 )
 from services.common import procs
 from services.common.settings import load_settings
+from services.stack.components import seaweed_component
+from services.stack.config import SEAWEED_PORT_SPAN, load_config
 
 
 def _broker(stack: ExitStack, durable: bool) -> str:
@@ -46,25 +48,21 @@ def _broker(stack: ExitStack, durable: bool) -> str:
     env: dict[str, str] = {}
     storage = "memory://tansu/"
     if durable:
-        base = procs.free_port()
-        ports = {p: procs.free_port() for p in ("master", "volume", "filer", "s3", "admin")}
-        weed = procs.spawn(
-            [procs.weed_binary(), "mini", f"-dir={tmp}/seaweed", "-ip=127.0.0.1",
-             "-ip.bind=127.0.0.1", "-bucket=tansu", "-webdav=false", "-admin.ui=false",
-             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-master.port={ports['master']}",
-             f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
-             f"-s3.port={ports['s3']}", f"-admin.port={ports['admin']}",
-             f"-debug.port={base}", f"-metricsPort={procs.free_port()}"],
-            log_path=tmp / "weed.log")
+        # The stack's own SeaweedFS command, on a free block: every port explicit (weed's
+        # default gRPC ports are its HTTP ports + 10000, past 65535 for high free ports).
+        cfg = load_config({"HS_DATA_DIR": str(tmp), "HS_STACK_SEAWEED_BASE_PORT":
+                           str(procs.free_port_block(SEAWEED_PORT_SPAN))})
+        weed = procs.spawn(seaweed_component(cfg).argv, log_path=tmp / "weed.log")
         stack.callback(procs.terminate, weed.pid)
         stack.callback(weed.wait)
-        procs.wait_for_port(ports["s3"], timeout=60, proc=weed, what="seaweedfs")
+        s3 = cfg.stack.seaweed_port("s3")
+        procs.wait_for_port(s3, timeout=60, proc=weed, what="seaweedfs")
         deadline = time.monotonic() + 60
-        while not procs.s3_bucket_ready(ports["s3"]):
+        while not procs.s3_bucket_ready(s3):
             if time.monotonic() > deadline:
                 raise TimeoutError("seaweedfs did not create the tansu bucket")
             time.sleep(0.2)
-        storage, env = "s3://tansu/", procs.s3_env(ports["s3"])
+        storage, env = "s3://tansu/", procs.s3_env(s3)
     port = procs.free_port()
     tansu = procs.spawn(procs.tansu_command(port, storage), log_path=tmp / "tansu.log", env=env)
     stack.callback(tansu.wait)

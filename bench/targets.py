@@ -80,14 +80,19 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
         out.append(Assessment("batch status latency, 1M vs 1k jobs", f"{ratio:.2f}x", "<= 1.2x",
                               ratio <= 1.2 and n >= 1_000_000,
                               note + ("" if n >= 1_000_000 else "; the target's batch is 1M")))
-    cancel_ms = _get(results, "ingest", f"cancel_ms_at_{n}_jobs") if n else None
+    cancel_ms = _get(results, "ingest", f"cancel_applied_ms_at_{n}_jobs") if n else None
     if cancel_ms is None:
         out.append(Assessment("1,000,000-job batch cancelled", "-", "<= 1 s", None))
     else:
+        answered = _get(results, "ingest", f"cancel_answered_ms_at_{n}_jobs")
+        stopped = _get(results, "ingest", f"cancel_scheduling_stopped_within_ms_at_{n}_jobs")
+        worst = max(cancel_ms, stopped or 0)
         out.append(Assessment(
-            "1,000,000-job batch cancelled", f"{cancel_ms / 1000:.3f} s", "<= 1 s",
-            cancel_ms <= 1000 and n >= 1_000_000,
-            f"at {n:,} jobs: until ingest answers (the projection, counters included, applied)"
+            "1,000,000-job batch cancelled", f"{worst / 1000:.3f} s", "<= 1 s",
+            worst <= 1000 and stopped is not None and n >= 1_000_000,
+            f"at {n:,} jobs: the projection showed it cancelled (counters moved in the same "
+            f"transaction) after {cancel_ms} ms, ingest answered after {answered} ms; the "
+            f"last SJ after the cancel came {stopped} ms after it"
             + ("" if n >= 1_000_000 else "; the target's batch is 1M")))
     replay_rate = _get(results, "replay", "replay_events_per_s")
     out.append(Assessment(
