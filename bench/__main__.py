@@ -53,8 +53,8 @@ def _broker(stack: ExitStack, durable: bool) -> str:
         cfg = load_config({"HS_DATA_DIR": str(tmp), "HS_STACK_SEAWEED_BASE_PORT":
                            str(procs.free_port_block(SEAWEED_PORT_SPAN))})
         weed = procs.spawn(seaweed_component(cfg).argv, log_path=tmp / "weed.log")
+        stack.callback(weed.wait)  # callbacks run last-in first-out: terminate, then wait
         stack.callback(procs.terminate, weed.pid)
-        stack.callback(weed.wait)
         s3 = cfg.stack.seaweed_port("s3")
         procs.wait_for_port(s3, timeout=60, proc=weed, what="seaweedfs")
         deadline = time.monotonic() + 60
