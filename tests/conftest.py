@@ -16,7 +16,12 @@ import pytest
 import sqlalchemy as sa
 
 from services.common import procs
-from services.common.settings import DatabaseSettings, LogSettings, load_settings
+from services.common.settings import (
+    LOCAL_BROKER_FETCH_MAX_WAIT_MS,
+    DatabaseSettings,
+    LogSettings,
+    load_settings,
+)
 
 
 @pytest.fixture(scope="session")
@@ -41,6 +46,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def log_settings(broker: str) -> LogSettings:
     """Log settings for one test: topics under a unique prefix, so tests never share data."""
     base = load_settings().log
+    if not os.environ.get("HS_KAFKA_BOOTSTRAP"):  # our own tansu: see the setting's note
+        base = msgspec_replace(base, fetch_max_wait_ms=LOCAL_BROKER_FETCH_MAX_WAIT_MS)
     return msgspec_replace(base, bootstrap_servers=broker, partitions=4,
                            topic_prefix=f"t{uuid.uuid4().hex[:10]}-")
 

@@ -283,7 +283,7 @@ class LogConsumer:
             **_common(s), group_id=o.name if o.group else None, enable_auto_commit=False,
             auto_offset_reset="earliest", session_timeout_ms=s.session_timeout_ms,
             heartbeat_interval_ms=s.heartbeat_interval_ms, max_poll_records=o.max_records,
-            isolation_level="read_uncommitted",
+            isolation_level="read_uncommitted", fetch_max_wait_ms=s.fetch_max_wait_ms,
         )
         try:
             await consumer.start()

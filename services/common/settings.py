@@ -21,6 +21,13 @@ TOPIC_COMPLETIONS = topics.COMPLETIONS
 ALL_TOPICS = topics.ALL
 
 
+LOCAL_BROKER_FETCH_MAX_WAIT_MS = 25
+"""The fetch wait for the local broker (tansu), which answers a waiting fetch only when the
+wait is over: measured here, an event reached a waiting consumer after about 205 ms with Kafka's
+default of 500 and after about 4 ms with 20; an idle consumer of 8 partitions at 25 costs the
+broker about 3% of a core."""
+
+
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How to reach and use the Kafka-protocol log."""
 
@@ -38,6 +45,10 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     max_request_size: int = 8 * 1024 * 1024
     compression: str | None = None
     request_timeout_ms: int = 30_000
+    # How long a fetch may wait for records. Kafka answers a waiting fetch as soon as records
+    # arrive, so its default (500) costs no latency there; the local broker (tansu) answers only
+    # when the wait is over, so the local stack sets a short one (HS_KAFKA_FETCH_MAX_WAIT_MS).
+    fetch_max_wait_ms: int = 500
     # Short session timeouts keep consumer-group joins fast on the local broker.
     session_timeout_ms: int = 6_000
     heartbeat_interval_ms: int = 1_000
@@ -109,6 +120,7 @@ _LOG_ENV = {
     "HS_KAFKA_LINGER_MS": ("linger_ms", int),
     "HS_KAFKA_COMPRESSION": ("compression", str),
     "HS_KAFKA_SESSION_TIMEOUT_MS": ("session_timeout_ms", int),
+    "HS_KAFKA_FETCH_MAX_WAIT_MS": ("fetch_max_wait_ms", int),
     "HS_TOPIC_PREFIX": ("topic_prefix", str),
 }
 _DB_ENV = {

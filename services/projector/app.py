@@ -26,6 +26,7 @@ from services.common.metrics import MetricsServer
 from services.common.settings import PROJECTOR_CONSUMER, Settings
 from services.projector import metrics
 from services.projector.sink import Applied, Sink
+from services.projector.transport import use_transport
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
         producer_acks=-1,
         stream_wait_empty=False,
     )
+    use_transport(app, s.fetch_max_wait_ms)
     sink = Sink(engine, consumer=f"{s.topic_prefix}{name}")
     logical = {s.topic(t): t for t in PROJECTED_TOPICS}
 

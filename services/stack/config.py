@@ -22,7 +22,14 @@ from typing import Literal
 
 import msgspec
 
-from services.common.settings import Settings, load_settings, parse_bool, pick_env
+from services.common.settings import (
+    LOCAL_BROKER_FETCH_MAX_WAIT_MS,
+    LogSettings,
+    Settings,
+    load_settings,
+    parse_bool,
+    pick_env,
+)
 
 Mode = Literal["durable", "memory"]
 
@@ -134,6 +141,11 @@ class StackConfig:
             env["HS_DB_PASSWORD"] = db.password
         if self.settings.log.topic_prefix:
             env["HS_TOPIC_PREFIX"] = self.settings.log.topic_prefix
+        # The stack's broker is tansu: a short fetch wait, unless one was set explicitly.
+        wait = self.settings.log.fetch_max_wait_ms
+        if wait == LogSettings().fetch_max_wait_ms:
+            wait = LOCAL_BROKER_FETCH_MAX_WAIT_MS
+        env["HS_KAFKA_FETCH_MAX_WAIT_MS"] = str(wait)
         return env
 
 
