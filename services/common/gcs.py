@@ -24,7 +24,6 @@ Every call blocks (callers use ``asyncio.to_thread``). Errors of the client libr
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import itertools
 import logging
@@ -32,7 +31,6 @@ import os
 import re
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -44,7 +42,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from services.common.specstore import _SUFFIX, _Bunch, _decoder, _encoder
+from services.common.specstore import _SUFFIX, BunchedSpecs, _Bunch, _encoder
 from services.worker.logstore import valid_name
 
 log = logging.getLogger(__name__)
@@ -89,7 +87,7 @@ def _join(*parts: str) -> str:
     return "/".join(p for p in parts if p)
 
 
-class GcsSpecStore:
+class GcsSpecStore(BunchedSpecs):
     """Specs as objects under ``gs://{bucket}/{prefix}/specs/`` (a :class:`SpecStore`).
 
     Safe to call from several threads.
@@ -97,13 +95,9 @@ class GcsSpecStore:
 
     def __init__(self, bucket: storage.Bucket, prefix: str = "", *, cache_bunches: int = 64,
                  cache_batches: int = 1024) -> None:
+        super().__init__(cache_bunches=cache_bunches, cache_batches=cache_batches)
         self.bucket = bucket
         self.prefix = _join(prefix.strip("/"), "specs")
-        self._cache_bunches = cache_bunches
-        self._cache_batches = cache_batches
-        self._lock = threading.Lock()
-        self._listings: OrderedDict[int, list[int]] = OrderedDict()
-        self._bunches: OrderedDict[tuple[int, int], _Bunch] = OrderedDict()
 
     def directory(self, batch_id: int) -> str:
         """The prefix of the batch's bunches (ends with a slash)."""
@@ -113,7 +107,6 @@ class GcsSpecStore:
         """The object of the bunch that starts at ``first_job_id``."""
         return f"{self.directory(batch_id)}{int(first_job_id)}{_SUFFIX}"
 
-    # --- writing ----------------------------------------------------------------------------
     def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
         if not specs:
             return
@@ -124,70 +117,16 @@ class GcsSpecStore:
         blob = self.bucket.blob(self.object_name(batch_id, job_ids[0]))
         _call("write", lambda: blob.upload_from_string(
             data, content_type="application/octet-stream", retry=_RETRY, timeout=_TIMEOUT_S))
-        with self._lock:  # this process's readers see the bunch at once
-            self._bunches.pop((batch_id, job_ids[0]), None)
-            listing = self._listings.get(batch_id)
-            if listing is not None and job_ids[0] not in listing:
-                bisect.insort(listing, job_ids[0])
+        self._written(batch_id, job_ids[0])
 
-    # --- reading ----------------------------------------------------------------------------
-    def read(self, batch_id: int, job_id: int) -> str | None:
-        with self._lock:
-            cached = self._listings.get(batch_id)
-            if cached is not None:
-                self._listings.move_to_end(batch_id)
-        if cached is not None:
-            found, complete = self._find(batch_id, job_id, list(cached), fresh=False)
-            if complete:
-                return found
-        return self._find(batch_id, job_id, self._list(batch_id), fresh=True)[0]
-
-    def _find(self, batch_id: int, job_id: int, listing: list[int], *, fresh: bool
-              ) -> tuple[str | None, bool]:
-        """(spec, whether the answer is final) from the bunch ``listing`` points at."""
-        i = bisect.bisect_right(listing, job_id) - 1
-        if i < 0:
-            return None, fresh
-        bunch = self._bunch(batch_id, listing[i], cached=not fresh)
-        if bunch is None:  # listed but gone (a deleted batch): list again
-            return None, fresh
-        found = bunch.find(job_id)
-        return found, found is not None or fresh
-
-    def _list(self, batch_id: int) -> list[int]:
+    def _list_ids(self, batch_id: int) -> list[int]:
         directory = self.directory(batch_id)
         names = _call("list", lambda: [b.name for b in self.bucket.client.list_blobs(
             self.bucket, prefix=directory, timeout=_TIMEOUT_S)])
-        listing = sorted(int(m.group(1)) for n in names
-                         if (m := _NUMBER.match(n[len(directory):])))
-        with self._lock:
-            if listing:
-                self._listings[batch_id] = listing
-                self._listings.move_to_end(batch_id)
-                while len(self._listings) > self._cache_batches:
-                    self._listings.popitem(last=False)
-            else:
-                self._listings.pop(batch_id, None)
-        return listing
+        return [int(m.group(1)) for n in names if (m := _NUMBER.match(n[len(directory):]))]
 
-    def _bunch(self, batch_id: int, first_job_id: int, *, cached: bool) -> _Bunch | None:
-        key = (batch_id, first_job_id)
-        if cached:
-            with self._lock:
-                hit = self._bunches.get(key)
-                if hit is not None:
-                    self._bunches.move_to_end(key)
-                    return hit
-        data = _download(self.bucket.blob(self.object_name(batch_id, first_job_id)))
-        if data is None:
-            return None
-        bunch = _decoder.decode(data)
-        with self._lock:
-            self._bunches[key] = bunch
-            self._bunches.move_to_end(key)
-            while len(self._bunches) > self._cache_bunches:
-                self._bunches.popitem(last=False)
-        return bunch
+    def _fetch(self, batch_id: int, first_job_id: int) -> bytes | None:
+        return _download(self.bucket.blob(self.object_name(batch_id, first_job_id)))
 
 
 def _download(blob: storage.Blob) -> bytes | None:
@@ -216,6 +155,10 @@ class GcsLogWriter:
 
     def write(self, data: bytes) -> None:
         self._file.write(data)
+
+    def fileno(self) -> int:
+        """The spool's descriptor: a local process writes its output there directly."""
+        return self._file.fileno()
 
     def close(self) -> None:
         if self._closed:

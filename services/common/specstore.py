@@ -46,6 +46,11 @@ class SpecStore(Protocol):
         """The spec JSON text of the job, or None when the store has none."""
         ...
 
+    def cached(self, batch_id: int, job_id: int) -> str | None:
+        """The spec if this process has it in memory (no I/O, safe on an event loop), else
+        None, which says nothing about the store: :meth:`read` finds out."""
+        ...
+
 
 class _Bunch(msgspec.Struct, frozen=True, array_like=True):
     """One file: the job ids of a bunch (increasing) and their specs, in the same order."""
@@ -64,7 +69,108 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_Bunch)
 
 
-class LocalSpecStore:
+class BunchedSpecs:
+    """What both stores share: reading a job through a cached, sorted listing of a batch's
+    bunches (their first job ids) and a cache of decoded bunches. Subclasses list a batch
+    (:meth:`_list_ids`) and fetch one bunch's bytes (:meth:`_fetch`). Safe to call from
+    several threads."""
+
+    def __init__(self, *, cache_bunches: int, cache_batches: int) -> None:
+        self._cache_bunches = cache_bunches
+        self._cache_batches = cache_batches
+        self._lock = threading.Lock()
+        self._listings: OrderedDict[int, list[int]] = OrderedDict()
+        self._bunches: OrderedDict[tuple[int, int], _Bunch] = OrderedDict()
+
+    def _list_ids(self, batch_id: int) -> list[int]:
+        """The first job ids of the batch's stored bunches, in any order (I/O)."""
+        raise NotImplementedError
+
+    def _fetch(self, batch_id: int, first_job_id: int) -> bytes | None:
+        """The stored bytes of one bunch, or None if it is not there (I/O)."""
+        raise NotImplementedError
+
+    def _written(self, batch_id: int, first_job_id: int) -> None:
+        """A bunch was (re)written by this process: its readers see it at once."""
+        with self._lock:
+            self._bunches.pop((batch_id, first_job_id), None)
+            listing = self._listings.get(batch_id)
+            if listing is not None and first_job_id not in listing:
+                bisect.insort(listing, first_job_id)
+
+    def cached(self, batch_id: int, job_id: int) -> str | None:
+        """The spec if its bunch is in this process's memory, else None; never does I/O.
+
+        None does not mean the job has no spec: :meth:`read` then finds out.
+        """
+        with self._lock:
+            listing = self._listings.get(batch_id)
+            if listing is None:
+                return None
+            i = bisect.bisect_right(listing, job_id) - 1
+            bunch = self._bunches.get((batch_id, listing[i])) if i >= 0 else None
+        return None if bunch is None else bunch.find(job_id)
+
+    def read(self, batch_id: int, job_id: int) -> str | None:
+        """The spec JSON text of the job, or None when the store has none."""
+        with self._lock:
+            cached = self._listings.get(batch_id)
+            if cached is not None:
+                self._listings.move_to_end(batch_id)
+                cached = list(cached)
+        if cached is not None:
+            found, complete = self._find(batch_id, job_id, cached, fresh=False)
+            if complete:
+                return found
+        # Not in the cached listing: list again (a newer bunch, or a bunch rewritten since
+        # it was cached).
+        return self._find(batch_id, job_id, self._list(batch_id), fresh=True)[0]
+
+    def _find(self, batch_id: int, job_id: int, listing: list[int], *, fresh: bool
+              ) -> tuple[str | None, bool]:
+        """(spec, whether the answer is final) from the bunch ``listing`` points at."""
+        i = bisect.bisect_right(listing, job_id) - 1
+        if i < 0:
+            return None, fresh
+        bunch = self._bunch(batch_id, listing[i], cached=not fresh)
+        if bunch is None:  # listed but gone (a deleted batch): list again
+            return None, fresh
+        found = bunch.find(job_id)
+        return found, found is not None or fresh
+
+    def _list(self, batch_id: int) -> list[int]:
+        listing = sorted(self._list_ids(batch_id))
+        with self._lock:
+            if listing:
+                self._listings[batch_id] = listing
+                self._listings.move_to_end(batch_id)
+                while len(self._listings) > self._cache_batches:
+                    self._listings.popitem(last=False)
+            else:
+                self._listings.pop(batch_id, None)
+        return listing
+
+    def _bunch(self, batch_id: int, first_job_id: int, *, cached: bool) -> _Bunch | None:
+        key = (batch_id, first_job_id)
+        if cached:
+            with self._lock:
+                hit = self._bunches.get(key)
+                if hit is not None:
+                    self._bunches.move_to_end(key)
+                    return hit
+        data = self._fetch(batch_id, first_job_id)
+        if data is None:
+            return None
+        bunch = _decoder.decode(data)
+        with self._lock:
+            self._bunches[key] = bunch
+            self._bunches.move_to_end(key)
+            while len(self._bunches) > self._cache_bunches:
+                self._bunches.popitem(last=False)
+        return bunch
+
+
+class LocalSpecStore(BunchedSpecs):
     """Specs as files under ``root`` (the local default, and tests').
 
     Reading a job bisects the batch directory's sorted first job ids (listed once per batch, and
@@ -74,15 +180,11 @@ class LocalSpecStore:
 
     def __init__(self, root: str | os.PathLike[str], *, cache_bunches: int = 64,
                  cache_batches: int = 1024, fsync: bool = True) -> None:
+        super().__init__(cache_bunches=cache_bunches, cache_batches=cache_batches)
         self.root = Path(root)
-        self._cache_bunches = cache_bunches
-        self._cache_batches = cache_batches
         # Flush before the rename, so a crash of the machine (not only of the process) never
         # leaves an empty file under the final name once the event is published.
         self._fsync = fsync
-        self._lock = threading.Lock()
-        self._listings: OrderedDict[int, list[int]] = OrderedDict()
-        self._bunches: OrderedDict[tuple[int, int], _Bunch] = OrderedDict()
 
     def directory(self, batch_id: int) -> Path:
         """The batch's directory (not created)."""
@@ -92,7 +194,6 @@ class LocalSpecStore:
         """The file of the bunch that starts at ``first_job_id``."""
         return self.directory(batch_id) / f"{int(first_job_id)}{_SUFFIX}"
 
-    # --- writing ----------------------------------------------------------------------------
     def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
         if not specs:
             return
@@ -114,70 +215,17 @@ class LocalSpecStore:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-        with self._lock:  # this process's readers see the bunch at once
-            self._bunches.pop((batch_id, job_ids[0]), None)
-            listing = self._listings.get(batch_id)
-            if listing is not None and job_ids[0] not in listing:
-                bisect.insort(listing, job_ids[0])
+        self._written(batch_id, job_ids[0])
 
-    # --- reading ----------------------------------------------------------------------------
-    def read(self, batch_id: int, job_id: int) -> str | None:
-        with self._lock:
-            cached = self._listings.get(batch_id)
-            if cached is not None:
-                self._listings.move_to_end(batch_id)
-        if cached is not None:
-            found, complete = self._find(batch_id, job_id, cached, fresh=False)
-            if complete:
-                return found
-        # Not in the cached listing: list the directory again (a newer bunch, or a bunch
-        # rewritten since it was cached).
-        return self._find(batch_id, job_id, self._list(batch_id), fresh=True)[0]
-
-    def _find(self, batch_id: int, job_id: int, listing: list[int], *, fresh: bool
-              ) -> tuple[str | None, bool]:
-        """(spec, whether the answer is final) from the bunch ``listing`` points at."""
-        i = bisect.bisect_right(listing, job_id) - 1
-        if i < 0:
-            return None, fresh
-        bunch = self._bunch(batch_id, listing[i], cached=not fresh)
-        if bunch is None:  # listed but gone (deleted batch): list again
-            return None, fresh
-        found = bunch.find(job_id)
-        return found, found is not None or fresh
-
-    def _list(self, batch_id: int) -> list[int]:
+    def _list_ids(self, batch_id: int) -> list[int]:
         try:
             names = os.listdir(self.directory(batch_id))
         except (FileNotFoundError, NotADirectoryError):
             names = []
-        listing = sorted(int(m.group(1)) for n in names if (m := _FILE.match(n)))
-        with self._lock:
-            if listing:
-                self._listings[batch_id] = listing
-                self._listings.move_to_end(batch_id)
-                while len(self._listings) > self._cache_batches:
-                    self._listings.popitem(last=False)
-            else:
-                self._listings.pop(batch_id, None)
-        return listing
+        return [int(m.group(1)) for n in names if (m := _FILE.match(n))]
 
-    def _bunch(self, batch_id: int, first_job_id: int, *, cached: bool) -> _Bunch | None:
-        key = (batch_id, first_job_id)
-        if cached:
-            with self._lock:
-                hit = self._bunches.get(key)
-                if hit is not None:
-                    self._bunches.move_to_end(key)
-                    return hit
+    def _fetch(self, batch_id: int, first_job_id: int) -> bytes | None:
         try:
-            data = self.path(batch_id, first_job_id).read_bytes()
+            return self.path(batch_id, first_job_id).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        bunch = _decoder.decode(data)
-        with self._lock:
-            self._bunches[key] = bunch
-            self._bunches.move_to_end(key)
-            while len(self._bunches) > self._cache_bunches:
-                self._bunches.popitem(last=False)
-        return bunch

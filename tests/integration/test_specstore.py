@@ -41,6 +41,22 @@ def test_a_missing_job_is_none(tmp_path: Path, batch_id: int, job_id: int) -> No
     assert store.read(batch_id, job_id) is None
 
 
+def test_cached_answers_from_memory_only(tmp_path: Path) -> None:
+    writer, reader = LocalSpecStore(tmp_path), LocalSpecStore(tmp_path)
+    writer.write_bunch(3, bunch(1, 5))
+    assert reader.cached(3, 2) is None  # never read here: nothing in memory
+    assert reader.read(3, 2) == spec(2)
+    assert [reader.cached(3, j) for j in range(1, 6)] == [spec(j) for j in range(1, 6)]
+    assert reader.cached(3, 6) is None and reader.cached(4, 1) is None
+    # A rewritten bunch drops out of the writer's memory; its next read sees the new text.
+    writer.read(3, 1)
+    writer.write_bunch(3, [(1, "{}")])
+    assert writer.cached(3, 1) is None
+    assert writer.read(3, 1) == "{}" and writer.cached(3, 1) == "{}"
+    (tmp_path / "3" / "1.specs").unlink()  # gone on disk: memory still answers, no I/O
+    assert reader.cached(3, 4) == spec(4)
+
+
 def test_a_batch_written_in_several_bunches(tmp_path: Path) -> None:
     writer, reader = LocalSpecStore(tmp_path), LocalSpecStore(tmp_path, cache_bunches=2)
     writer.write_bunch(9, bunch(1, 3))
