@@ -33,10 +33,18 @@ def _runtime(kill_grace_s: float = 5.0) -> LocalProcessRuntime:
                                clock=lambda: next(ticks))
 
 
+SINKS = ["memory", "file"]
+"""A sink without a file is fed through a pipe; a log file is the process's output itself."""
+
+
 async def _run(command: list[str], tmp_path: Path, *, timeout_s: float | None = None,
-               env: dict[str, str] | None = None) -> tuple[Outcome, bytes]:
-    log = MemoryLogSink()
+               env: dict[str, str] | None = None, sink: str = "memory") -> tuple[Outcome, bytes]:
     request = RunRequest(command=command, cwd=str(tmp_path), timeout_s=timeout_s, env=env or {})
+    if sink == "file":
+        with FileLogSink(tmp_path / "logs", "main") as file_sink:
+            outcome = await _runtime().run(request, file_sink)
+        return outcome, (tmp_path / "logs" / "main.log").read_bytes()
+    log = MemoryLogSink()
     outcome = await _runtime().run(request, log)
     return outcome, log.getvalue()
 
@@ -95,9 +103,10 @@ async def test_exit_codes(tmp_path: Path, command: list[str], state: str,
     assert outcome.start_time_ms == 1_000 and outcome.end_time_ms > outcome.start_time_ms
 
 
-async def test_log_holds_stdout_and_stderr_in_order(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", SINKS)
+async def test_log_holds_stdout_and_stderr_in_order(tmp_path: Path, sink: str) -> None:
     outcome, log = await _run(
-        ["sh", "-c", "echo hello; echo oops >&2; echo bye"], tmp_path)
+        ["sh", "-c", "echo hello; echo oops >&2; echo bye"], tmp_path, sink=sink)
     assert outcome.state == "Success"
     assert log == b"hello\noops\nbye\n"
 
@@ -130,9 +139,10 @@ async def test_working_directory(tmp_path: Path) -> None:
      "executable not found"),
     ([], "empty command", "empty command"),
 ], ids=["in-path", "absolute", "empty"])
+@pytest.mark.parametrize("sink", SINKS)
 async def test_cannot_start_is_an_error_outcome(tmp_path: Path, command: list[str], error: str,
-                                                short: str) -> None:
-    outcome, log = await _run(command, tmp_path)
+                                                short: str, sink: str) -> None:
+    outcome, log = await _run(command, tmp_path, sink=sink)
     assert outcome.state == "Error"
     assert outcome.exit_code is None
     assert (outcome.error, outcome.short_error) == (error, short)
@@ -162,6 +172,15 @@ async def test_timeout_kills_and_reports_the_reference_error(tmp_path: Path) -> 
     assert outcome.exit_code == 143  # SIGTERM
 
 
+async def test_many_concurrent_runs_each_report_their_own_exit(tmp_path: Path) -> None:
+    """Exits are told apart per process (each run waits on its own pidfd)."""
+    runtime = _runtime()
+    outcomes = await asyncio.gather(*(runtime.run(
+        RunRequest(command=["sh", "-c", f"exit {i % 7}"], cwd=str(tmp_path)), MemoryLogSink())
+        for i in range(60)))
+    assert [o.exit_code for o in outcomes] == [i % 7 for i in range(60)]
+
+
 async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pids = tmp_path / "pids"
     t0 = time.monotonic()
@@ -185,18 +204,22 @@ async def test_sigterm_ignored_gets_sigkill_after_grace(tmp_path: Path) -> None:
     assert outcome.error == "ContainerTimeoutError: timed out after 0.5s"
 
 
-async def test_leftover_background_process_dies_with_the_leader(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", SINKS)
+async def test_leftover_background_process_dies_with_the_leader(tmp_path: Path,
+                                                               sink: str) -> None:
     pids = tmp_path / "pids"
     t0 = time.monotonic()
-    outcome, _ = await _run(["sh", "-c", f"sleep 30 & echo $! > {pids}; exit 0"], tmp_path)
+    outcome, _ = await _run(["sh", "-c", f"sleep 30 & echo $! > {pids}; exit 0"], tmp_path,
+                            sink=sink)
     assert time.monotonic() - t0 < 3  # the leftover held the log pipe open; it was killed
     assert outcome.state == "Success"
     assert await _gone(_read_pids(pids)[0])
 
 
-async def test_cancel_kills_the_group_and_returns_cancelled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", SINKS)
+async def test_cancel_kills_the_group_and_returns_cancelled(tmp_path: Path, sink: str) -> None:
     pids = tmp_path / "pids"
-    log = MemoryLogSink()
+    log = MemoryLogSink() if sink == "memory" else FileLogSink(tmp_path / "logs", "main")
     request = RunRequest(
         command=["sh", "-c", f"sleep 30 & echo $! > {pids}.tmp; echo $$ >> {pids}.tmp; "
                              f"mv {pids}.tmp {pids}; echo started; sleep 30"],
@@ -210,7 +233,11 @@ async def test_cancel_kills_the_group_and_returns_cancelled(tmp_path: Path) -> N
     assert not task.cancelled() and task.cancelling() == 0
     assert outcome.state == "Cancelled" and outcome.exit_code == 143
     assert await _gone(shell) and await _gone(child)
-    assert log.getvalue() == b"started\n"
+    if isinstance(log, FileLogSink):
+        log.close()
+        assert log.path.read_bytes() == b"started\n"
+    else:
+        assert log.getvalue() == b"started\n"
 
 
 async def test_cancel_inside_a_task_group_does_not_break_it(tmp_path: Path) -> None:
@@ -227,10 +254,12 @@ async def test_cancel_inside_a_task_group_does_not_break_it(tmp_path: Path) -> N
     assert [o.state for o in outcomes] == ["Cancelled"]
 
 
-async def test_large_output_is_captured_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", SINKS)
+async def test_large_output_is_captured_whole(tmp_path: Path, sink: str) -> None:
     size = 5 * 1024 * 1024
     outcome, log = await _run(
-        ["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' 'x'; echo; echo end >&2"], tmp_path)
+        ["sh", "-c", f"head -c {size} /dev/zero | tr '\\0' 'x'; echo; echo end >&2"], tmp_path,
+        sink=sink)
     assert outcome.state == "Success"
     assert len(log) == size + len(b"\nend\n")
     assert log.endswith(b"x\nend\n") and log.count(b"x") == size
