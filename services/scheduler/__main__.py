@@ -24,10 +24,13 @@ EXIT_DEPOSED = 3
 
 
 def make_driver(settings: Settings, sched: SchedulerSettings) -> ComputeDriver:
-    """The configured compute driver; local workers get the scheduler's heartbeat interval."""
+    """The configured compute driver; local workers get the scheduler's heartbeat interval
+    and worker linger."""
     if sched.driver == "local":
-        return LocalDriver(settings, LocalDriverOptions(
-            worker_env={"HS_WORKER_HEARTBEAT_S": str(sched.worker_heartbeat_s)}))
+        worker_env = {"HS_WORKER_HEARTBEAT_S": str(sched.worker_heartbeat_s)}
+        if sched.worker_linger_ms is not None:
+            worker_env["HS_WORKER_LINGER_MS"] = str(sched.worker_linger_ms)
+        return LocalDriver(settings, LocalDriverOptions(worker_env=worker_env))
     return create_driver(sched.driver, settings)
 
 

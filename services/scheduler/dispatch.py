@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+from collections.abc import Sequence
 from typing import Any, Self
 
 import aiohttp
@@ -37,6 +38,13 @@ class Attempt(msgspec.Struct, frozen=True, kw_only=True):
     attempt_id: str
     user: str
     cores_mcpu: int
+
+
+class _Answer(msgspec.Struct, frozen=True):
+    """A worker's answer to one attempt of a batch delivery."""
+
+    status: int
+    message: str | None = None
 
 
 class WorkerClient:
@@ -68,6 +76,41 @@ class WorkerClient:
         log.warning("worker %s refused %s/%s/%s: %s %s", address, attempt.batch_id,
                     attempt.job_id, attempt.attempt_id, status, body)
         return Delivery.REFUSED
+
+    async def deliver_many(self, address: str, attempts: Sequence[Attempt]) -> list[Delivery]:
+        """Deliver several attempts to one worker in one request; one result per attempt.
+
+        A worker that predates the batch endpoint (404) gets them one request each.
+        """
+        if len(attempts) == 1:
+            return [await self.deliver(address, attempts[0])]
+        status, body = await self._call("POST", f"http://{address}/api/v1alpha/attempts",
+                                        msgspec.json.encode(attempts))
+        if status == 404:
+            return list(await asyncio.gather(*(self.deliver(address, a) for a in attempts)))
+        if status != 200:
+            if status is None or (status >= 500 and status != 503):
+                return [Delivery.UNKNOWN] * len(attempts)
+            log.warning("worker %s refused %d attempts: %s %s", address, len(attempts), status,
+                        body)
+            return [Delivery.REFUSED] * len(attempts)
+        try:
+            answers = msgspec.json.decode(body, type=list[_Answer])
+        except msgspec.DecodeError:
+            return [Delivery.UNKNOWN] * len(attempts)
+        if len(answers) != len(attempts):
+            return [Delivery.UNKNOWN] * len(attempts)
+        out = []
+        for attempt, answer in zip(attempts, answers, strict=True):
+            if answer.status == 200:
+                out.append(Delivery.ACCEPTED)
+            elif answer.status >= 500 and answer.status != 503:
+                out.append(Delivery.UNKNOWN)
+            else:
+                log.warning("worker %s refused %s/%s/%s: %s %s", address, attempt.batch_id,
+                            attempt.job_id, attempt.attempt_id, answer.status, answer.message)
+                out.append(Delivery.REFUSED)
+        return out
 
     async def kill(self, address: str, batch_id: int, job_id: int, attempt_id: str) -> bool:
         """DELETE the attempt on its worker; True once the worker knows of the cancel."""

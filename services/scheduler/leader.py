@@ -255,17 +255,24 @@ class Leader:
             cores, machine, self._view.latest_versions))
 
     async def _deliver(self, attempts: Sequence[tuple[int, int, str, str]], now: float) -> None:
-        async def one(batch_id: int, job_id: int, attempt_id: str, instance: str) -> Delivery:
+        """Deliver attempts, one request per worker (a round places many on each)."""
+        by_address: dict[str, list[tuple[int, Attempt]]] = {}
+        results = [Delivery.UNKNOWN] * len(attempts)
+        for i, (batch_id, job_id, attempt_id, instance) in enumerate(attempts):
             address = self._view.addresses.get(instance)
             batch = self._state.batches.get(batch_id)
             job = None if batch is None else batch.jobs.get(job_id)
             if address is None or batch is None or job is None:
-                return Delivery.UNKNOWN
-            return await self._client.deliver(address, Attempt(
+                continue
+            by_address.setdefault(address, []).append((i, Attempt(
                 batch_id=batch_id, job_id=job_id, attempt_id=attempt_id, user=batch.user,
-                cores_mcpu=job.cores_mcpu))
-
-        results = await asyncio.gather(*(one(*a) for a in attempts))
+                cores_mcpu=job.cores_mcpu)))
+        answers = await asyncio.gather(*(
+            self._client.deliver_many(address, [a for _, a in items])
+            for address, items in by_address.items()))
+        for items, delivered in zip(by_address.values(), answers, strict=True):
+            for (i, _), result in zip(items, delivered, strict=True):
+                results[i] = result
         lost = []
         for (batch_id, job_id, attempt_id, instance), result in zip(attempts, results,
                                                                     strict=True):

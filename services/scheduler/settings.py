@@ -14,6 +14,7 @@
 | ``HS_SCHEDULER_REDELIVER_S`` | 10 | an SJ not started this long is delivered again |
 | ``HS_SCHEDULER_LEASE`` | ``hailstream-scheduler`` | the database lock the replicas contend for |
 | ``HS_SCHEDULER_WORKER_HEARTBEAT_S`` | 60 | passed to local workers (billing heartbeats) |
+| ``HS_SCHEDULER_WORKER_LINGER_MS`` | none | passed to local workers: their MJS/MJC linger |
 | ``HS_SCHEDULER_POLICY`` | ``fair-share`` | or ``priority``: JAliEn priorities first |
 | ``HS_SCHEDULER_QUOTAS`` | none | JSON quotas per user for ``priority`` |
 | ``HS_SCHEDULER_BUDGET_S`` | 5 | seconds between billing-limit checks |
@@ -56,6 +57,7 @@ class SchedulerSettings(msgspec.Struct, frozen=True, kw_only=True):
     lease: str = "hailstream-scheduler"
     lease_check_s: float = 1.0
     worker_heartbeat_s: float = 60.0
+    worker_linger_ms: int | None = None
     policy: str = "fair-share"
     quotas: str = ""
     priority_s: float = 5.0
@@ -80,6 +82,7 @@ _ENV = {
     "HS_SCHEDULER_REDELIVER_S": ("redeliver_s", float),
     "HS_SCHEDULER_LEASE": ("lease", str),
     "HS_SCHEDULER_WORKER_HEARTBEAT_S": ("worker_heartbeat_s", float),
+    "HS_SCHEDULER_WORKER_LINGER_MS": ("worker_linger_ms", int),
     "HS_SCHEDULER_POLICY": ("policy", str),
     "HS_SCHEDULER_QUOTAS": ("quotas", str),
 }

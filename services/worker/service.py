@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 from collections import OrderedDict
@@ -62,6 +63,7 @@ from services.worker import metrics as worker_metrics
 from services.worker.logstore import LogStore, LogWriter, valid_name
 from services.worker.runtime import (
     ContainerRuntime,
+    FileLogSink,
     LocalProcessRuntime,
     Outcome,
     RunRequest,
@@ -97,6 +99,11 @@ class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
     # cloud VM listens on 0.0.0.0 and announces the VM's internal IP (drivers/cloud.py).
     host: str = "127.0.0.1"
     advertise_host: str | None = None  # None: ``host``
+    # How long MJS/MJC wait for others to share a produce request (None: the log's linger).
+    # Every request is a record batch the broker stores and its consumers fetch; a worker
+    # finishing hundreds of jobs a second sends fewer, bigger ones with a linger of a few tens
+    # of milliseconds (measured: 459 vs 393 no-op jobs/s end to end at 25 vs 5 ms).
+    linger_ms: int | None = 25
 
 
 class JobRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +149,8 @@ class Worker:
         self._store = store or open_log_store(settings.log_dir)
         self._specs = specs or open_spec_store(settings.spec_dir)
         self._runtime = runtime or LocalProcessRuntime(clock=clock)
+        if settings.linger_ms is not None:
+            log_settings = msgspec.structs.replace(log_settings, linger_ms=settings.linger_ms)
         self._publisher = publisher or Publisher(log_settings)
         self._clock = clock
         self._scratch = Path(settings.scratch_dir or tempfile.gettempdir()) / (
@@ -179,6 +188,7 @@ class Worker:
         app = web.Application()
         app.add_routes([
             web.post("/api/v1alpha/jobs", self._post_job),
+            web.post("/api/v1alpha/attempts", self._post_attempts),
             web.delete(JOB_PATH, self._delete_job),
             web.get(JOB_PATH + "/log/{container}", self._get_log),
             web.get("/healthcheck", self._healthcheck),
@@ -229,27 +239,45 @@ class Worker:
             job = msgspec.json.decode(await request.read(), type=JobRequest)
         except msgspec.DecodeError as e:
             return _error(400, f"invalid job: {e}")
+        status, body = self._accept(job)
+        return web.json_response(body, status=status)
+
+    async def _post_attempts(self, request: web.Request) -> web.Response:
+        """Several deliveries in one request; one answer per attempt, in order."""
+        if not self._accepting:
+            return _error(503, "the worker is shutting down")
+        try:
+            jobs = msgspec.json.decode(await request.read(), type=list[JobRequest])
+        except msgspec.DecodeError as e:
+            return _error(400, f"invalid attempts: {e}")
+        answers = []
+        for job in jobs:
+            status, body = self._accept(job)
+            answers.append({"status": status, **body})
+        return web.json_response(answers)
+
+    def _accept(self, job: JobRequest) -> tuple[int, dict[str, str]]:
+        """Start ``job``'s attempt unless it is known: (HTTP status, body)."""
         if not valid_name(job.attempt_id):
-            return _error(400, f"invalid attempt id {job.attempt_id!r}")
+            return 400, {"message": f"invalid attempt id {job.attempt_id!r}"}
         key = (job.batch_id, job.job_id, job.attempt_id)
         if key in self._attempts or key in self._finished:
-            state = "finished" if key in self._finished else "running"
-            return web.json_response({"attempt": state})
+            return 200, {"attempt": "finished" if key in self._finished else "running"}
         run_request = None
         if job.spec is not None:
             try:
                 run_request = self._run_request(job, job.spec)
             except (KeyError, TypeError, ValueError) as e:
-                return _error(400, f"invalid job spec: {type(e).__name__}: {e}")
+                return 400, {"message": f"invalid job spec: {type(e).__name__}: {e}"}
         free = self.free_mcpu
         if job.cores_mcpu > free:
-            return _error(409, f"not enough free cores: the job needs {job.cores_mcpu} mCPU, "
-                               f"{free} of {self._settings.cores_mcpu} mCPU are free")
+            return 409, {"message": f"not enough free cores: the job needs {job.cores_mcpu} "
+                                    f"mCPU, {free} of {self._settings.cores_mcpu} mCPU are free"}
         attempt = _Attempt(job=job, request=run_request)
         self._attempts[key] = attempt
         attempt.task = asyncio.create_task(self._attempt(attempt), name=f"attempt-{key}")
         worker_metrics.holding(attempt.task)
-        return web.json_response({"attempt": "started"})
+        return 200, {"attempt": "started"}
 
     async def _delete_job(self, request: web.Request) -> web.Response:
         key = _key(request)
@@ -334,8 +362,11 @@ class Worker:
         (None, the error the MJC reports)."""
         job = attempt.job
         what = f"job {job.batch_id}/{job.job_id}"
+        # Jobs of one bunch arrive together: after the first read, the rest are in memory.
+        text = self._specs.cached(job.batch_id, job.job_id)
         try:
-            text = await asyncio.to_thread(self._specs.read, job.batch_id, job.job_id)
+            if text is None:
+                text = await asyncio.to_thread(self._specs.read, job.batch_id, job.job_id)
         except (OSError, ValueError) as e:  # ValueError: an undecodable bunch file
             return None, f"worker error: cannot read the spec of {what}: {type(e).__name__}: {e}"
         if text is None:
@@ -359,7 +390,7 @@ class Worker:
         workdir = Path(attempt.request.cwd)
         sink: LogWriter | None = None
         try:
-            sink = await asyncio.to_thread(self._prepare, workdir, job)  # one thread hop
+            sink = self._prepare(workdir, job)
             if attempt.cancel_requested:  # a DELETE while we prepared
                 return self._never_started(), None
             attempt.run = asyncio.create_task(self._runtime.run(attempt.request, sink))
@@ -373,10 +404,16 @@ class Worker:
         except OSError as e:
             return None, f"worker error: {type(e).__name__}: {e}"
         finally:
-            await asyncio.to_thread(_clean_up, sink, workdir)
+            if not _clean_up_at_once(sink, workdir):
+                await asyncio.to_thread(_clean_up, sink, workdir)
 
     def _prepare(self, workdir: Path, job: JobRequest) -> LogWriter:
-        """The attempt's working directory and log writer (in a thread: file system calls)."""
+        """The attempt's working directory and log writer.
+
+        On the event loop: a few local file-system calls cost less than a thread hop, which
+        was a measurable share of a short job's cost. A log store's writer only opens a local
+        file (GCS spools locally and uploads at close).
+        """
         workdir.mkdir(parents=True, exist_ok=True)
         return self._store.writer(job.batch_id, job.job_id, job.attempt_id, "main")
 
@@ -436,6 +473,22 @@ def _key(request: web.Request) -> AttemptKey | None:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"message": message}, status=status)
+
+
+def _clean_up_at_once(sink: LogWriter | None, workdir: Path) -> bool:
+    """The cheap common case of :func:`_clean_up`, on the event loop: a local log file and
+    a job that left its working directory empty. False: run :func:`_clean_up` in a thread."""
+    if sink is not None and not isinstance(sink, FileLogSink):
+        return False  # closing may upload the log
+    if sink is not None:
+        sink.close()
+    try:
+        os.rmdir(workdir)
+    except FileNotFoundError:
+        pass
+    except OSError:  # not empty: the job left files behind
+        return False
+    return True
 
 
 def _clean_up(sink: LogWriter | None, workdir: Path) -> None:

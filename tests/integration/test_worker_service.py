@@ -29,6 +29,7 @@ from services.common.log import (
 )
 from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings
 from services.common.specstore import LocalSpecStore
+from services.scheduler.dispatch import Attempt, Delivery, WorkerClient
 from services.worker.__main__ import load_worker_settings
 from services.worker.runtime import time_ms
 from services.worker.service import Worker, WorkerSettings
@@ -226,6 +227,63 @@ async def test_refuses_jobs_beyond_its_free_cores(log_settings: LogSettings,
         await env.wait_for(completed(1))
         # The cancelled attempt's cores are free again.
         assert (await env.post(2, "a1", sleeper(tmp_path / "p2"), cores_mcpu=500))[0] == 200
+
+
+async def test_a_batch_delivery_answers_each_attempt(log_settings: LogSettings,
+                                                     tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    job = spec("sh", "-c", f"echo $$ >> {pidfile}")
+
+    def body(job_id: int, attempt_id: str = "a1", cores: int = 1000,
+             job_spec: dict[str, Any] | None = job) -> dict[str, Any]:
+        return {"batch_id": BATCH, "job_id": job_id, "attempt_id": attempt_id, "user": "alice",
+                "cores_mcpu": cores, "spec": job_spec}
+
+    async with running(log_settings, tmp_path, cores_mcpu=2500) as env:
+        url = f"{env.base}/api/v1alpha/attempts"
+        async with env.http.post(url, json=[
+                body(1), body(2), body(1), body(3, cores=1000), body(4, "../x"),
+                body(5, job_spec={"process": {"type": "jvm"}}), body(6, cores=500)]) as r:
+            assert r.status == 200
+            answers = await r.json()
+        assert [(a["status"], a.get("attempt")) for a in answers] == [
+            (200, "started"), (200, "started"), (200, "running"), (409, None), (400, None),
+            (400, None), (200, "started")]
+        assert "500 of 2500 mCPU are free" in answers[3]["message"]
+        await env.wait_for(lambda evs: all(completed(j)(evs) for j in (1, 2, 6)))
+        async with env.http.post(url, json=[body(1)]) as r:
+            assert [a["attempt"] for a in await r.json()] == ["finished"]
+        async with env.http.post(url, json={"batch_id": 1}) as r:
+            assert r.status == 400
+        await env.settle()
+    assert len(await pids_in(pidfile)) == 3
+    assert sorted(e.job_id for e in env.of(JobCompleted)) == [1, 2, 6]
+
+
+async def test_the_scheduler_delivers_many_attempts_in_one_request(log_settings: LogSettings,
+                                                                   tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    LocalSpecStore(tmp_path / "specs").write_bunch(BATCH, [
+        (j, msgspec.json.encode(spec("sh", "-c", f"echo $$ >> {pidfile}")).decode())
+        for j in range(1, 4)])
+    async with running(log_settings, tmp_path, cores_mcpu=2000) as env:
+        async with WorkerClient(timeout_s=5, concurrency=10) as client:
+            results = await client.deliver_many(env.worker.address, [
+                Attempt(batch_id=BATCH, job_id=j, attempt_id="a1", user="alice",
+                        cores_mcpu=1000) for j in (1, 2, 3)])
+            assert results == [Delivery.ACCEPTED, Delivery.ACCEPTED, Delivery.REFUSED]
+            await env.wait_for(lambda evs: completed(1)(evs) and completed(2)(evs))
+            again = await client.deliver_many(env.worker.address, [
+                Attempt(batch_id=BATCH, job_id=j, attempt_id="a1", user="alice",
+                        cores_mcpu=1000) for j in (1, 2)])
+            assert again == [Delivery.ACCEPTED, Delivery.ACCEPTED]  # idempotent: finished
+            # Nobody listening: the worker may or may not have them.
+            gone = f"127.0.0.1:{procs.free_port()}"
+            assert await client.deliver_many(gone, [
+                Attempt(batch_id=BATCH, job_id=j, attempt_id="a2", user="alice",
+                        cores_mcpu=1) for j in (1, 2)]) == [Delivery.UNKNOWN] * 2
+        await env.settle()
+    assert len(await pids_in(pidfile)) == 2
 
 
 async def test_heartbeats_carry_the_clock_for_running_attempts(log_settings: LogSettings,
