@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.projection.commit import CANCELLABLE, USER_RESOURCES
+from core.projection.counters import CANCELLABLE, USER_RESOURCES
 from core.projection.ops import Delete, Increment, InsertIgnore, Op
 from schemas.base import CancelReason
 

@@ -1,32 +1,39 @@
-"""Committing an update: each job's initial state, and the counters that change, in one pass.
+"""Submitting and committing an update: job rows once, counters in O(groups) at the commit.
 
-Cost is O(jobs + edges) of the update plus O(groups x depth) for the group tree (invariant 8):
-a job's state comes from its parents' current states, never from a scan of the batch.
+A job's row is written once, when its bunch is projected, with the state it starts in as far
+as its own update can tell: Ready without parents, else Pending with every parent counted
+(``n_pending_parents``). The bunch also stages, per job group and instance collection, how many
+jobs it added and how many start Ready (:func:`stage_jobs`, table ``batch_update_job_counts``).
+Jobs stay invisible until their update is committed (readers join ``batch_updates``).
 
-Rules (the seeds' state machine):
-- A job is Ready when no parent is unfinished, else Pending with ``n_pending_parents``
-  unfinished parents. Parents committed in the same update are unfinished by definition.
-- A job that is not ``always_run`` is marked cancelled when a parent already ended in anything
-  but Success, or when its group (or an ancestor group, or the batch) is cancelled. It keeps its
-  Ready/Pending state; the canceller turns it Cancelled, and fair share never counts it.
-- Counters: per-group job counts (recursive: a job counts in its group and every ancestor),
-  ready jobs and cores per user and instance collection (tokenized), and cancellable ready
-  resources per own group (so cancelling a group subtracts them in O(groups)).
+The commit (invariant 8) then costs O(groups x instance collections) plus the update's
+cross-update edges, never a pass over its jobs:
+
+- the staged counts move into the live counters: per-group job counts (recursive: a job counts
+  in its group and every ancestor), ready jobs and cores per user and instance collection
+  (tokenized), and cancellable ready resources per own group;
+- a job whose group (or an ancestor, or the batch) is cancelled at the commit counts as
+  cancelled, unless it is ``always_run``;
+- each parent of an earlier update that had already ended is resolved as if it ended now:
+  its children lose a pending parent, become Ready at zero, and are marked cancelled when it
+  did not succeed (:func:`core.projection.execution.release_children`). Parents still running
+  release their children when they end, like any parent.
+
+:func:`initial_states` is the per-job statement of the same rules, kept as the reference the
+aggregated plan is tested against (and used by the scheduler's tests).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from core.job_state import is_complete
-from core.projection.ops import Increment, Increments, Update
+from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED, USER_RESOURCES
+from core.projection.execution import Child, Release, release_children
+from core.projection.ops import Increment, Increments, Row, Update
 from schemas.base import JobState
-
-JOB_COUNTS = "job_group_job_counts"
-USER_RESOURCES = "user_inst_coll_resources"
-CANCELLABLE = "job_group_inst_coll_cancellable_resources"
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,69 @@ class BatchBefore:
 
 
 @dataclass(frozen=True)
-class CommitPlan:
-    """Everything a commit changes: job states, counters, batch and group rows."""
+class StagedCounts:
+    """What an update's bunches staged for one job group and instance collection."""
 
-    jobs: list[JobStart]
+    job_group_id: int
+    inst_coll: str
+    n_jobs: int
+    n_ready: int
+    """Jobs with no parent at all."""
+    ready_cores_mcpu: int
+    n_ready_always_run: int
+    ready_always_run_cores_mcpu: int
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A job of the update with parents in earlier updates that had ended at the commit."""
+
+    child: Child
+    """Its row as submitted (Pending, every parent pending) and effective cancellation."""
+    parent_states: tuple[JobState, ...]
+    """The final states of those ended parents."""
+
+
+@dataclass(frozen=True)
+class CommitPlan:
+    """Everything a commit changes: counters, batch and group rows, released jobs."""
+
     increments: list[Increment]
     batch: Update
     groups: list[Update]
+    releases: list[Release]
+    """New rows of jobs whose ended earlier-update parents the commit resolved."""
+
+
+def start_of(parent_ids: Sequence[int]) -> tuple[JobState, int]:
+    """The state and pending-parent count a job's row starts with, at its submission."""
+    return ("Ready", 0) if not parent_ids else ("Pending", len(parent_ids))
+
+
+@dataclass(frozen=True)
+class StagedJob:
+    """A newly projected job of a bunch: what staging needs of it."""
+
+    job_group_id: int
+    inst_coll: str
+    cores_mcpu: int
+    always_run: bool
+    n_parents: int
+
+
+def stage_jobs(batch_id: int, update_id: int, jobs: Iterable[StagedJob]) -> list[Increment]:
+    """The staged counts of newly projected jobs of an update (see the module docstring)."""
+    acc = Increments()
+    for j in jobs:
+        deltas = {"n_jobs": 1}
+        if not j.n_parents:
+            deltas |= {"n_ready": 1, "ready_cores_mcpu": j.cores_mcpu}
+            if j.always_run:
+                deltas |= {"n_ready_always_run": 1, "ready_always_run_cores_mcpu": j.cores_mcpu}
+        acc.add(Increment(STAGED, {"batch_id": batch_id, "update_id": update_id,
+                                   "job_group_id": j.job_group_id, "inst_coll": j.inst_coll},
+                          deltas))
+    return acc.drain()
 
 
 def initial_states(
@@ -77,7 +140,7 @@ def initial_states(
     parent_states: Mapping[int, JobState],
     cancelled_groups: frozenset[int],
 ) -> list[JobStart]:
-    """Initial state of each job of an update.
+    """Initial state of each job of an update, decided job by job (the reference statement).
 
     Args:
         jobs: the update's jobs.
@@ -116,25 +179,23 @@ def initial_states(
 def plan_commit(
     *,
     batch: BatchBefore,
-    jobs: Sequence[CommitJob],
-    edges: Sequence[tuple[int, int]],
-    parent_states: Mapping[int, JobState],
+    staged: Sequence[StagedCounts],
+    resolved: Sequence[Resolved],
     cancelled_groups: frozenset[int],
     ancestors: Mapping[int, Sequence[int]],
     update_groups: Sequence[int],
     token: int,
     now_ms: int,
 ) -> CommitPlan:
-    """Plan the commit of one update.
+    """Plan the commit of one update from its staged counts.
 
     Args:
         batch: the batch before the commit.
-        jobs: the update's jobs.
-        edges: (child, parent) pairs of those jobs.
-        parent_states: current states of parents from earlier updates.
-        cancelled_groups: see :func:`initial_states`.
-        ancestors: for every group involved, its ancestors including itself (root last or
-            anywhere: order does not matter).
+        staged: the update's staged counts (every group and instance collection it added jobs
+            to).
+        resolved: its jobs whose ended earlier-update parents the commit resolves.
+        cancelled_groups: groups cancelled by themselves or through an ancestor (0: the batch).
+        ancestors: for every group involved, its ancestors including itself (in any order).
         update_groups: the job groups created by this update.
         token: the writer's token for tokenized counters (its partition).
         now_ms: the commit time.
@@ -144,36 +205,49 @@ def plan_commit(
         earlier job is complete; a new group with no jobs is complete at once.
 
     """
-    starts = initial_states(jobs, edges, parent_states, cancelled_groups)
     acc = Increments()
-    by_id = {j.job_id: j for j in jobs}
-    per_group: Counter[tuple[int, str]] = Counter()
-    for s in starts:
-        j = by_id[s.job_id]
-        per_group[(j.job_group_id, "n_ready" if s.state == "Ready" else "n_pending")] += 1
-        if s.state != "Ready":
-            continue
-        if s.cancelled:
-            acc.add(Increment(USER_RESOURCES,
-                              {"user": batch.user, "inst_coll": j.inst_coll, "token": token},
-                              {"n_cancelled_ready_jobs": 1}))
-            continue
-        acc.add(Increment(USER_RESOURCES,
-                          {"user": batch.user, "inst_coll": j.inst_coll, "token": token},
-                          {"n_ready_jobs": 1, "ready_cores_mcpu": j.cores_mcpu}))
-        if not j.always_run:
-            acc.add(Increment(CANCELLABLE,
-                              {"batch_id": batch.batch_id, "job_group_id": j.job_group_id,
-                               "inst_coll": j.inst_coll, "token": token},
-                              {"n_ready_cancellable_jobs": 1,
-                               "ready_cancellable_cores_mcpu": j.cores_mcpu}))
     running_groups: set[int] = set()
-    for (group, column), n in per_group.items():
-        for ancestor in ancestors[group]:
+    n_new = 0
+    for c in staged:
+        n_new += c.n_jobs
+        for ancestor in ancestors[c.job_group_id]:
             running_groups.add(ancestor)
             acc.add(Increment(JOB_COUNTS, {"batch_id": batch.batch_id, "job_group_id": ancestor},
-                              {"n_jobs": n, column: n}))
-    n_jobs = batch.n_jobs + len(jobs)
+                              {"n_jobs": c.n_jobs, "n_ready": c.n_ready,
+                               "n_pending": c.n_jobs - c.n_ready}))
+        key: Row = {"user": batch.user, "inst_coll": c.inst_coll, "token": token}
+        cancellable = c.n_ready - c.n_ready_always_run
+        cancellable_cores = c.ready_cores_mcpu - c.ready_always_run_cores_mcpu
+        if c.job_group_id in cancelled_groups:
+            acc.add(Increment(USER_RESOURCES, key, {
+                "n_ready_jobs": c.n_ready_always_run,
+                "ready_cores_mcpu": c.ready_always_run_cores_mcpu,
+                "n_cancelled_ready_jobs": cancellable}))
+            continue
+        acc.add(Increment(USER_RESOURCES, key, {"n_ready_jobs": c.n_ready,
+                                                "ready_cores_mcpu": c.ready_cores_mcpu}))
+        if cancellable:
+            acc.add(Increment(CANCELLABLE, {"batch_id": batch.batch_id,
+                                            "job_group_id": c.job_group_id,
+                                            "inst_coll": c.inst_coll, "token": token},
+                              {"n_ready_cancellable_jobs": cancellable,
+                               "ready_cancellable_cores_mcpu": cancellable_cores}))
+    releases: list[Release] = []
+    ancestors_of = {r.child.facts.job_group_id: ancestors[r.child.facts.job_group_id]
+                    for r in resolved}
+    for r in resolved:
+        child, flagged = r.child, False
+        for parent_state in r.parent_states:
+            (release,), incs = release_children(parent_state, [child], ancestors_of, token)
+            for inc in incs:
+                acc.add(inc)
+            flagged = flagged or release.cancelled_flag
+            child = Child(replace(child.facts,
+                                  cancelled=child.facts.cancelled or release.cancelled_flag),
+                          release.state, release.n_pending_parents)
+        releases.append(Release(child.facts.job_id, child.n_pending_parents, child.state,
+                                flagged))
+    n_jobs = batch.n_jobs + n_new
     complete = n_jobs == batch.n_completed
     batch_update = Update("batches", {
         "n_jobs": n_jobs,
@@ -193,4 +267,4 @@ def plan_commit(
             values["committed"] = True
         groups.append(Update("job_groups", values,
                              {"batch_id": batch.batch_id, "job_group_id": group}))
-    return CommitPlan(starts, acc.drain(), batch_update, groups)
+    return CommitPlan(acc.drain(), batch_update, groups, releases)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from core.projection.commit import CANCELLABLE, JOB_COUNTS, USER_RESOURCES
+from core.projection.counters import CANCELLABLE, JOB_COUNTS, USER_RESOURCES
 from core.projection.ops import Increment, Row
 from schemas.base import JobState
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from core.projection.commit import start_of
 from core.projection.ops import Delete, InsertIgnore, Op, Row, Update, Upsert
 from schemas.batch import (
     BatchCreated,
     BatchDeleted,
     JobGroupsSubmitted,
+    JobRecord,
     JobsSubmitted,
     UpdateOpened,
 )
@@ -178,17 +180,23 @@ def fold_job_groups(event: JobGroupsSubmitted, time_ms: int,
     return ops
 
 
-def fold_jobs(event: JobsSubmitted) -> list[Op]:
-    """Job rows (uncommitted, Pending until the commit decides), parent edges, attributes."""
+def fold_jobs(event: JobsSubmitted, jobs: Sequence[JobRecord] | None = None) -> list[Op]:
+    """Job rows, parent edges and attributes of ``jobs`` (default: the whole bunch).
+
+    Rows start as :func:`core.projection.commit.start_of` says and stay invisible until the
+    update is committed.
+    """
     b = event.batch_id
-    jobs: list[Row] = []
+    rows: list[Row] = []
     parents: list[Row] = []
     attrs: list[Row] = []
-    for j in event.jobs:
+    for j in event.jobs if jobs is None else jobs:
         r = j.resources
-        jobs.append({
+        state, n_pending = start_of(j.parent_ids)
+        rows.append({
             "batch_id": b, "job_id": j.job_id, "update_id": event.update_id,
-            "job_group_id": j.job_group_id, "always_run": j.always_run,
+            "job_group_id": j.job_group_id, "state": state, "n_pending_parents": n_pending,
+            "always_run": j.always_run,
             "n_max_attempts": j.n_max_attempts, "cores_mcpu": r.cores_mcpu,
             "memory_bytes": r.memory_bytes, "storage_gib": r.storage_gib,
             "machine_type": r.machine_type, "preemptible": r.preemptible,
@@ -197,7 +205,7 @@ def fold_jobs(event: JobsSubmitted) -> list[Op]:
         parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p} for p in j.parent_ids]
         attrs += [{"batch_id": b, "job_id": j.job_id, "attr_key": k, "attr_value": v}
                   for k, v in j.attributes.items()]
-    ops: list[Op] = [InsertIgnore("jobs", jobs)]
+    ops: list[Op] = [InsertIgnore("jobs", rows)] if rows else []
     if parents:
         ops.append(InsertIgnore("job_parents", parents))
     if attrs:

@@ -222,7 +222,7 @@ def job_list_query(
     p = _Params()
     where = [
         f"jobs.batch_id = {p(batch_id)}",
-        "jobs.committed",
+        "batch_updates.committed",
         "NOT batches.deleted",
     ]
     if not recursive:
@@ -237,6 +237,8 @@ def job_list_query(
     where.extend(job_condition(f, p) for f in filters)
     sql = (
         f"SELECT {JOB_COLUMNS} FROM jobs JOIN batches ON batches.id = jobs.batch_id "
+        "JOIN batch_updates ON batch_updates.batch_id = jobs.batch_id "
+        "AND batch_updates.update_id = jobs.update_id "
         f"WHERE {' AND '.join(where)} ORDER BY jobs.job_id LIMIT {p(_positive(limit))}"
     )
     return sa.text(sql), p.values

@@ -40,7 +40,8 @@ _JOB = (
     "SELECT j.batch_id, j.job_id, j.job_group_id, j.state, j.exit_code, j.always_run, "
     "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.spec, j.status, "
     "j.cancelled, b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
-    "WHERE j.batch_id = :b AND j.job_id = :j AND j.committed")
+    "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
+    "WHERE j.batch_id = :b AND j.job_id = :j AND u.committed")
 # Why a Ready job waits: its cancelled group (drained soon), else its own reason, else its
 # queue's (core/waiting.py). Three primary-key lookups; the first that exists wins.
 _WAITING = (

@@ -134,8 +134,10 @@ class Store:
             "committed FROM batch_updates WHERE batch_id = :b AND token = :t", b=batch_id, t=token)
 
     def update_counts(self, batch_id: int, update_id: int) -> tuple[int, int]:
-        (jobs,) = self.rows("SELECT COUNT(*) FROM jobs WHERE batch_id = :b AND update_id = :u",
-                            b=batch_id, u=update_id)
+        # The projector stages the update's job counts as it projects its bunches: a few rows,
+        # where counting the jobs themselves would read every one of them.
+        (jobs,) = self.rows("SELECT COALESCE(SUM(n_jobs), 0) FROM batch_update_job_counts "
+                            "WHERE batch_id = :b AND update_id = :u", b=batch_id, u=update_id)
         (groups,) = self.rows("SELECT COUNT(*) FROM job_groups WHERE batch_id = :b AND "
                               "update_id = :u", b=batch_id, u=update_id)
         return int(jobs[0]), int(groups[0])

@@ -30,8 +30,15 @@ from core.billing import billable
 from core.completions import completion_ops
 from core.projection.billing import Billed, accrue
 from core.projection.cancel import Cancellable, plan_cancel
-from core.projection.commit import BatchBefore, CommitJob, plan_commit
-from core.projection.execution import Child, JobFacts, move, release_children
+from core.projection.commit import (
+    BatchBefore,
+    Resolved,
+    StagedCounts,
+    StagedJob,
+    plan_commit,
+    stage_jobs,
+)
+from core.projection.execution import Child, JobFacts, Release, move, release_children
 from core.projection.fold import (
     fold_batch_created,
     fold_batch_deleted,
@@ -76,18 +83,27 @@ def _t(sql: str, *expanding: str) -> sa.TextClause:
 
 _ANCESTRY = _t("SELECT job_group_id, ancestor_id, level FROM job_group_self_and_ancestors "
                "WHERE batch_id = :b AND job_group_id IN :groups", "groups")
-_UPDATE = sa.text("SELECT committed FROM batch_updates WHERE batch_id = :b AND update_id = :u")
+_UPDATE = sa.text("SELECT committed, start_job_id, n_jobs FROM batch_updates "
+                  "WHERE batch_id = :b AND update_id = :u")
 _BATCH = sa.text(
     "SELECT b.user, b.n_jobs, b.time_closed_ms, c.n_completed FROM batches b "
     "JOIN job_group_job_counts c ON c.batch_id = b.id AND c.job_group_id = 0 WHERE b.id = :b")
-_UPDATE_JOBS = sa.text(
-    "SELECT job_id, job_group_id, inst_coll, cores_mcpu, always_run FROM jobs "
+_EXISTING_JOBS = sa.text(
+    "SELECT job_id FROM jobs WHERE batch_id = :b AND job_id BETWEEN :lo AND :hi")
+_STAGED = sa.text(
+    "SELECT job_group_id, inst_coll, n_jobs, n_ready, ready_cores_mcpu, n_ready_always_run, "
+    "ready_always_run_cores_mcpu FROM batch_update_job_counts "
     "WHERE batch_id = :b AND update_id = :u")
-_UPDATE_EDGES = sa.text(
-    "SELECT jp.job_id, jp.parent_id, p.state, p.update_id FROM jobs c "
-    "JOIN job_parents jp ON jp.batch_id = c.batch_id AND jp.job_id = c.job_id "
+# Edges from the update's jobs (a primary-key range) to parents of earlier updates that ended.
+_ENDED_EARLIER_PARENTS = sa.text(
+    "SELECT jp.job_id, p.state FROM job_parents jp "
     "JOIN jobs p ON p.batch_id = jp.batch_id AND p.job_id = jp.parent_id "
-    "WHERE c.batch_id = :b AND c.update_id = :u")
+    "WHERE jp.batch_id = :b AND jp.job_id >= :lo AND jp.job_id < :hi AND jp.parent_id < :lo "
+    "AND p.state IN ('Success', 'Failed', 'Error', 'Cancelled') ORDER BY jp.job_id, jp.parent_id")
+_SUBMITTED_ROWS = _t(
+    "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
+    "j.inst_coll, j.n_pending_parents FROM jobs j WHERE j.batch_id = :b AND j.job_id IN :ids",
+    "ids")
 _UPDATE_GROUPS = sa.text(
     "SELECT job_group_id FROM job_groups WHERE batch_id = :b AND update_id = :u")
 _CANCELLED = sa.text("SELECT job_group_id FROM job_groups_cancelled WHERE batch_id = :b")
@@ -104,7 +120,8 @@ _JOB_ROWS = _t(
     "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
     "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.n_pending_parents, b.user, "
     "b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
-    "WHERE j.batch_id = :b AND j.committed AND j.job_id IN :ids", "ids")
+    "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
+    "WHERE j.batch_id = :b AND u.committed AND j.job_id IN :ids", "ids")
 _ATTEMPT_ROWS = _t(
     "SELECT a.job_id, a.attempt_id, a.start_time_ms, a.rollup_time_ms, a.end_time_ms, "
     "r.resource, r.quantity FROM attempts a LEFT JOIN attempt_resources r "
@@ -248,7 +265,7 @@ class Handler:
             case JobGroupsSubmitted():
                 self._job_groups(event, now)
             case JobsSubmitted():
-                self._w.emit(fold_jobs(event))
+                self._jobs(event)
             case UpdateCommitted():
                 self._commit(event, now)
             case BatchCancelled():
@@ -304,41 +321,62 @@ class Handler:
             raise LookupError(f"batch {event.batch_id}: parent groups {missing} do not exist")
         self._w.emit(fold_job_groups(event, now, ancestry))
 
+    def _jobs(self, event: JobsSubmitted) -> None:
+        """A bunch: rows and staged counts of the jobs not projected before (a client retry
+        resubmits a bunch); nothing once the update is committed (its jobs were all in)."""
+        b, ids = event.batch_id, [j.job_id for j in event.jobs]
+        if not ids:
+            return
+        update = self._read(_UPDATE, b=b, u=event.update_id)
+        if update and update[0][0]:
+            return
+        existing = {int(j) for (j,) in self._read(_EXISTING_JOBS, b=b, lo=min(ids), hi=max(ids))}
+        new = [j for j in event.jobs if j.job_id not in existing]
+        if not new:
+            return
+        self._w.emit(fold_jobs(event, new))
+        self._w.emit(stage_jobs(b, event.update_id, [
+            StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
+                      len(j.parent_ids)) for j in new]))
+
     def _commit(self, event: UpdateCommitted, now: int) -> None:
         b, u = event.batch_id, event.update_id
         update = self._read(_UPDATE, b=b, u=u)
         if not update or update[0][0]:
             return  # unknown (ingest validates) or already committed: a duplicate request
+        _, start, n_update_jobs = update[0]
         (user, n_jobs, time_closed, n_completed), = self._read(_BATCH, b=b)
-        jobs = [CommitJob(int(j), int(g), str(ic), int(c), bool(a))
-                for j, g, ic, c, a in self._read(_UPDATE_JOBS, b=b, u=u)]
-        edges: list[tuple[int, int]] = []
-        parent_states: dict[int, JobState] = {}
-        for child, parent, state, parent_update in self._read(_UPDATE_EDGES, b=b, u=u):
-            edges.append((int(child), int(parent)))
-            if parent_update != u:
-                parent_states[int(parent)] = state
+        staged = [StagedCounts(int(g), str(ic), *(int(v) for v in rest))
+                  for g, ic, *rest in self._read(_STAGED, b=b, u=u)]
+        ended: dict[int, list[JobState]] = defaultdict(list)
+        for child, state in self._read(_ENDED_EARLIER_PARENTS, b=b, lo=int(start),
+                                       hi=int(start) + int(n_update_jobs)):
+            ended[int(child)].append(state)
+        rows = {int(r.job_id): r for r in self._read(_SUBMITTED_ROWS, b=b, ids=sorted(ended))
+                } if ended else {}
         update_groups = [int(g) for (g,) in self._read(_UPDATE_GROUPS, b=b, u=u)]
         cancelled = self._cancelled_groups(b)
-        involved = sorted({j.job_group_id for j in jobs} | set(update_groups))
+        involved = sorted({c.job_group_id for c in staged} | set(update_groups)
+                          | {int(r.job_group_id) for r in rows.values()})
         ancestors: dict[int, list[int]] = defaultdict(list)
         for group, ancestor, _ in self._read(_ANCESTRY, b=b, groups=involved or [0]):
             ancestors[int(group)].append(int(ancestor))
+        resolved = []
+        for j, states in sorted(ended.items()):
+            r = rows[j]
+            effective = not r.always_run and (bool(r.cancelled) or int(r.job_group_id)
+                                              in cancelled)
+            facts = JobFacts(b, j, int(r.job_group_id), str(user), str(r.inst_coll),
+                             int(r.cores_mcpu), bool(r.always_run), effective)
+            resolved.append(Resolved(Child(facts, r.state, int(r.n_pending_parents)),
+                                     tuple(states)))
         plan = plan_commit(
             batch=BatchBefore(b, str(user), int(n_jobs), int(n_completed),
                               None if time_closed is None else int(time_closed)),
-            jobs=jobs, edges=edges, parent_states=parent_states,
-            cancelled_groups=cancelled, ancestors=ancestors, update_groups=update_groups,
-            token=self._token, now_ms=now)
-        by_values: dict[tuple[JobState, int, bool], list[int]] = defaultdict(list)
-        for s in plan.jobs:
-            by_values[(s.state, s.n_pending_parents, s.cancelled)].append(s.job_id)
-        for (state, n_pending, is_cancelled), ids in sorted(by_values.items()):
-            self._w.emit([UpdateIn("jobs", {
-                "state": state, "n_pending_parents": n_pending, "cancelled": is_cancelled,
-                "cancel_reason": "parent_failed" if is_cancelled else None, "committed": True,
-            }, {"batch_id": b}, "job_id", ids)])
+            staged=staged, resolved=resolved, cancelled_groups=cancelled, ancestors=ancestors,
+            update_groups=update_groups, token=self._token, now_ms=now)
         self._w.emit(plan.increments)
+        self._write_releases(b, plan.releases)
         self._w.emit([plan.batch, *plan.groups, Update(
             "batch_updates", {"committed": True, "time_committed_ms": now},
             {"batch_id": b, "update_id": u})])
@@ -348,6 +386,17 @@ class Handler:
                 if g.values["state"] == "complete"]
         if done:
             self._done.setdefault(b, []).append((done, cancelled, now))
+
+    def _write_releases(self, b: int, releases: Sequence[Release]) -> None:
+        """The new rows of released jobs, one statement per distinct set of values."""
+        by_values: dict[tuple[int, JobState, bool], list[int]] = defaultdict(list)
+        for r in releases:
+            by_values[(r.n_pending_parents, r.state, r.cancelled_flag)].append(r.job_id)
+        for (pending, new_state, flag), ids in sorted(by_values.items()):
+            set_values: dict[str, Any] = {"n_pending_parents": pending, "state": new_state}
+            if flag:
+                set_values |= {"cancelled": True, "cancel_reason": "parent_failed"}
+            self._w.emit([UpdateIn("jobs", set_values, {"batch_id": b}, "job_id", ids)])
 
     def _cancelled_groups(self, batch_id: int) -> frozenset[int]:
         """Groups cancelled directly or through an ancestor (rows exist for descendants)."""
@@ -607,17 +656,11 @@ class Handler:
             ancestors_of = {g: self._ancestors(b, g) for g in groups}
             releases, incs = release_children(state, children, ancestors_of, self._token)
             self._w.emit(incs)
-            by_values: dict[tuple[int, JobState, bool], list[int]] = defaultdict(list)
             for r in releases:
-                by_values[(r.n_pending_parents, r.state, r.cancelled_flag)].append(r.job_id)
                 child = rows[r.job_id]
                 child.n_pending_parents, child.state = r.n_pending_parents, r.state
                 child.cancelled = child.cancelled or r.cancelled_flag
-            for (pending, new_state, flag), ids in sorted(by_values.items()):
-                set_values: dict[str, Any] = {"n_pending_parents": pending, "state": new_state}
-                if flag:
-                    set_values |= {"cancelled": True, "cancel_reason": "parent_failed"}
-                self._w.emit([UpdateIn("jobs", set_values, {"batch_id": b}, "job_id", ids)])
+            self._write_releases(b, releases)
         done: list[int] = []
         for group in ancestors:
             entry = progress.get(group)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from schemas.batch import BatchCancelled, JobGroupCancelled, JobGroupRecord
+from schemas.batch import BatchCancelled, JobGroupCancelled, JobGroupRecord, UpdateCommitted
 from schemas.execution import (
     AttemptLost,
     JobCancelled,
@@ -231,3 +231,39 @@ def test_batch_cancel_then_drain(engine: sa.Engine, sink: Sink) -> None:
     assert states(engine, 5) == {1: "Cancelled", 2: "Cancelled", 3: "Success"}
     assert all(v == 0 for v in user_row(engine, "u5").values())
     assert query(engine, "SELECT state FROM batches WHERE id = 5") == [("complete",)]
+
+
+def test_a_commit_resolves_parents_of_earlier_updates(engine: sa.Engine, sink: Sink) -> None:
+    """Update 2's jobs start from what update 1's jobs are at its commit: a parent that ended
+    between the bunch and the commit counts as ended then, and one still running releases its
+    children when it ends, like any parent."""
+    s = Stream()
+    sink.apply(s.records(submission(50, 1, [job(1), job(2), job(3)], create=True, user="u50")))
+    sink.apply(s.records([sj(50, 1), mjc(50, 1), sj(50, 2), mjc(50, 2, "Failed"), sj(50, 3)]))
+    update2 = submission(50, 2, [job(4, 0, [1]), job(5, 0, [2]), job(6, 0, [3]),
+                                job(7, 0, [1, 3]), job(8, 0, [2], always_run=True),
+                                job(9, 0, [1, 4])], start_job_id=4, commit=False)
+    sink.apply(s.records(update2))
+    # Not committed: invisible to the execution path and to the counters.
+    assert counts(engine, 50)["n_jobs"] == 3
+    sink.apply(s.records([UpdateCommitted(batch_id=50, update_id=2, n_jobs=6, n_job_groups=0)]))
+    rows = {j: (st, p, c) for j, st, p, c in query(
+        engine, "SELECT job_id, state, n_pending_parents, cancelled FROM jobs WHERE batch_id=50 "
+        "AND job_id > 3")}
+    assert rows == {4: ("Ready", 0, 0), 5: ("Ready", 0, 1), 6: ("Pending", 1, 0),
+                    7: ("Pending", 1, 0), 8: ("Ready", 0, 0), 9: ("Pending", 1, 0)}
+    assert counts(engine, 50) == {"n_jobs": 9, "n_pending": 3, "n_ready": 3, "n_running": 1,
+                         "n_completed": 2, "n_succeeded": 1, "n_failed": 1, "n_cancelled": 0}
+    assert user_row(engine, "u50") == {
+        "n_ready_jobs": 2, "ready_cores_mcpu": 2000, "n_running_jobs": 1,
+        "running_cores_mcpu": 1000, "n_creating_jobs": 0, "n_cancelled_ready_jobs": 1,
+        "n_cancelled_running_jobs": 0}
+    # Job 3 ends: 6 and 7 become Ready; 9 still waits for 4.
+    sink.apply(s.records([mjc(50, 3)]))
+    assert {j: st for j, st in states(engine, 50).items() if j > 3} == {
+        4: "Ready", 5: "Ready", 6: "Ready", 7: "Ready", 8: "Ready", 9: "Pending"}
+    assert user_row(engine, "u50")["n_ready_jobs"] == 4
+    # A commit delivered again changes nothing.
+    before = snapshot(engine)
+    sink.apply(s.records([UpdateCommitted(batch_id=50, update_id=2, n_jobs=6, n_job_groups=0)]))
+    assert snapshot(engine) == before

@@ -37,8 +37,9 @@ def _batch(id_: int, user: str, project: str, state: str = "running", *, n_jobs:
 def _job(batch_id: int, job_id: int, group: int = 0, state: str = "Success", *,
          inst_coll: str = "standard", exit_code: int | None = None,
          committed: bool = True) -> dict[str, Any]:
-    return {"batch_id": batch_id, "job_id": job_id, "update_id": 1, "job_group_id": group,
-            "state": state, "committed": committed, "cores_mcpu": 1000, "inst_coll": inst_coll,
+    # Update 1 of every batch is committed, update 2 is not (see UPDATES).
+    return {"batch_id": batch_id, "job_id": job_id, "update_id": 1 if committed else 2,
+            "job_group_id": group, "state": state, "cores_mcpu": 1000, "inst_coll": inst_coll,
             "exit_code": exit_code, "spec": "{}"}
 
 
@@ -78,6 +79,7 @@ JOBS = [
     _job(2, 6, 1, "Error", inst_coll="highmem"),
     _job(14, 1),  # in a deleted batch
 ]
+UPDATES = [(b, u, u == 1) for b in (1, 2, 14) for u in (1, 2)]  # batch, update, committed
 JOB_ATTRIBUTES = [
     (2, 1, "name", "alpha"), (2, 1, "team", "gen"), (2, 2, "name", "beta"),
     (2, 3, "name", "gamma_1"), (2, 3, "team", "genomics"), (2, 4, "name", "del%ta"),
@@ -134,6 +136,10 @@ def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
         _insert(conn, "job_group_self_and_ancestors",
                 _rows("batch_id job_group_id ancestor_id level", CLOSURE))
         _insert(conn, "jobs", JOBS)
+        _insert(conn, "batch_updates", [
+            {"batch_id": b, "update_id": u, "token": f"u{b}-{u}", "start_job_id": 1,
+             "n_jobs": 0, "start_job_group_id": 1, "n_job_groups": 0, "committed": c,
+             "time_created_ms": T0} for b, u, c in UPDATES])
         _insert(conn, "job_attributes",
                 _rows("batch_id job_id attr_key attr_value", JOB_ATTRIBUTES))
         _insert(conn, "attempts", _rows(
