@@ -91,6 +91,7 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
 
     async def seek_to_stored(sender: Any, /, *args: Any, signal: Any, **_: Any) -> None:
         assigned: set[TP] = args[0]
+        sink.forget()  # another instance may have written these partitions meanwhile
         positions = await asyncio.to_thread(sink.store.load, sink.consumer,
                                             list(PROJECTED_TOPICS))
         for tp in assigned:

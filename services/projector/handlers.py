@@ -6,21 +6,21 @@ execution events need no reads: :mod:`core.projection.instances` maps them to op
 SQL here only *reads*; every write is an operation applied by the writer. Reads flush the
 writer first, so they see the effects of earlier events of the same batch.
 
-Execution events (SJ, MJS, MJC, heartbeats, losses, job cancels) do not read per event: a
-handler lives for one transaction and keeps what it loaded of each batch (:class:`BatchState`:
-job rows, their attempts and children, group progress, cancelled groups), loading the jobs of
-every execution event of the transaction's records in one query per batch the first time it
-needs one of them (:meth:`Handler.prepare` says which). Loads happen right after a flush, so
-the database and the cache agree then; afterwards every operation the handler emits on a cached
-row also changes the cached copy. Any other event of a batch (a commit, a cancel, ...) drops
-what was cached for it, before and after it is handled.
+Execution events (SJ, MJS, MJC, heartbeats, losses, job cancels) do not read per event. What a
+handler loads of a batch (:class:`services.projector.state.BatchState`: job rows, their
+attempts and children, group ancestry and progress, cancelled groups) lives in the partition's
+:class:`~services.projector.state.PartitionCache`, which the sink keeps between transactions:
+the partition's owner is the only writer of its batches' rows. :meth:`Handler.prepare` loads
+what a transaction's execution events need and the cache lacks, in a few queries per batch,
+before anything is written; every operation the handler emits on a cached row also changes the
+cached copy. Any other event of a batch (a bunch, a commit, a cancel, ...) drops what was
+cached for it, before and after it is handled.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -73,6 +73,7 @@ from schemas.execution import (
     JobUnschedulable,
 )
 from schemas.infra import InstanceEvent, SchedulerElected
+from services.projector.state import AttemptRow, BatchState, JobRow, PartitionCache
 from services.projector.writer import Writer
 
 
@@ -130,6 +131,7 @@ _ATTEMPT_ROWS = _t(
 _CHILD_EDGES = _t(
     "SELECT parent_id, job_id FROM job_parents WHERE batch_id = :b AND parent_id IN :ids", "ids")
 _LOAD_CHUNK = 5_000
+_LOAD_WINDOW = 512
 _GROUP_PROGRESS = _t(
     "SELECT c.job_group_id, c.n_jobs, c.n_completed, g.state FROM job_group_job_counts c "
     "JOIN job_groups g ON g.batch_id = c.batch_id AND g.job_group_id = c.job_group_id "
@@ -146,60 +148,18 @@ _EXECUTION = (JobScheduled, JobStarted, JobCompleted, AttemptHeartbeat, AttemptL
               JobCancelled, JobUnschedulable)
 
 
-@dataclass(slots=True)
-class JobRow:
-    """The columns of a committed job that execution events read (and change)."""
-
-    job_id: int
-    job_group_id: int
-    state: JobState
-    cancelled: bool
-    always_run: bool
-    cores_mcpu: int
-    inst_coll: str
-    n_attempts: int
-    n_max_attempts: int
-    attempt_id: str | None
-    n_pending_parents: int
-    user: str
-    billing_project: str
-
-
-@dataclass(slots=True)
-class AttemptRow:
-    """An attempt's billing clock and what it is billed for (resource -> quantity per ms)."""
-
-    start_time_ms: int | None = None
-    rollup_time_ms: int | None = None
-    end_time_ms: int | None = None
-    resources: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class BatchState:
-    """What a handler has loaded of one batch during its transaction."""
-
-    jobs: dict[int, JobRow | None] = field(default_factory=dict)
-    """Rows by job id (None: not committed, or not there); children may be here unloaded."""
-    loaded: set[int] = field(default_factory=set)
-    """Jobs whose row, attempts and children are all here."""
-    attempts: dict[tuple[int, str], AttemptRow] = field(default_factory=dict)
-    children: dict[int, list[int]] = field(default_factory=dict)
-    cancelled: frozenset[int] | None = None
-    progress: dict[int, list[Any]] = field(default_factory=dict)
-    """Group -> [n_jobs, n_completed, state]."""
-
-
 class Handler:
     """Folds envelopes into operations on one connection, for one partition's token."""
 
-    def __init__(self, conn: sa.Connection, writer: Writer, token: int) -> None:
+    def __init__(self, conn: sa.Connection, writer: Writer, token: int,
+                 cache: PartitionCache | None = None) -> None:
         self._conn = conn
         self._w = writer
         self._token = token
-        self._batches: dict[int, BatchState] = {}
+        # The partition's batches, kept between transactions by the sink (a fresh cache: this
+        # transaction only).
+        self._batches = PartitionCache() if cache is None else cache
         self._upcoming: dict[int, set[int]] = defaultdict(set)
-        self._ancestry: dict[tuple[int, int], list[int]] = {}
         # Completions noted but not yet written to the outbox, per batch: (groups, cancelled
         # groups then, time). Their counts are read once, at settle(), not at each completion:
         # a read flushes the writer, and flushing at every completion split the transaction's
@@ -207,11 +167,28 @@ class Handler:
         self._done: dict[int, list[tuple[list[int], frozenset[int], int]]] = {}
 
     def prepare(self, envelopes: Sequence[Envelope]) -> None:
-        """Note the jobs this transaction's execution events touch, to load them together."""
+        """Load, in a few queries per batch and before anything is written, what this
+        transaction's execution events need and the cache lacks: their jobs' rows, attempts,
+        children and children's rows, their groups' ancestry and progress, cancelled groups.
+        Reading later would first flush the writer, splitting its merged statements."""
         for env in envelopes:
             event = env.event
             if isinstance(event, _EXECUTION):
                 self._upcoming[event.batch_id].add(event.job_id)
+        for b, ids in self._upcoming.items():
+            st = self._batch(b)
+            missing = sorted(ids - st.loaded)
+            if missing:
+                self._load(b, st, missing)
+            rows = [r for j in ids if (r := st.jobs.get(j)) is not None]
+            rows += [r for row in rows for c in st.children.get(row.job_id, ())
+                     if (r := st.jobs.get(c)) is not None]
+            if not rows:
+                continue
+            self._load_ancestry(b, {r.job_group_id for r in rows})
+            self._progress(b, sorted({a for r in rows
+                                      for a in st.ancestry.get(r.job_group_id, ())}))
+            self._cancelled_groups(b)
 
     def _read(self, stmt: sa.TextClause, **params: object) -> Sequence[Any]:
         self._w.flush()
@@ -242,11 +219,11 @@ class Handler:
         event = env.event
         if isinstance(event, BatchEvent) and not isinstance(event, _EXECUTION):
             self.settle(event.batch_id)
-            self._batches.pop(event.batch_id, None)
+            self._batches.drop(event.batch_id)
             try:
                 return self._handle(env)
             finally:
-                self._batches.pop(event.batch_id, None)
+                self._batches.drop(event.batch_id)
         return self._handle(env)
 
     def _handle(self, env: Envelope) -> bool:
@@ -421,10 +398,7 @@ class Handler:
 
     # --- execution: state loaded per batch, kept in step with what is emitted ----------------
     def _batch(self, batch_id: int) -> BatchState:
-        st = self._batches.get(batch_id)
-        if st is None:
-            st = self._batches[batch_id] = BatchState()
-        return st
+        return self._batches.get(batch_id)
 
     def _job(self, batch_id: int, job_id: int) -> JobRow | None:
         """A committed job's row (loaded with the other jobs of this transaction), or None."""
@@ -434,8 +408,14 @@ class Handler:
             self._load(batch_id, st, sorted({job_id} | (upcoming - st.loaded)))
         return st.jobs.get(job_id)
 
-    def _load(self, b: int, st: BatchState, ids: list[int]) -> None:
-        """Rows, attempts and children of ``ids`` (after a flush: the database is current)."""
+    def _load(self, b: int, st: BatchState, wanted: list[int]) -> None:
+        """Rows, attempts and children of ``wanted`` and of the jobs beside them: the whole
+        window of ``_LOAD_WINDOW`` ids around each (a batch runs roughly in id order, so its
+        next jobs' first events need no reads of their own). Ids with no committed job are
+        cached as None: any event that could commit one drops the batch's cache."""
+        windows = sorted({j // _LOAD_WINDOW for j in wanted})
+        ids = [j for w in windows for j in range(w * _LOAD_WINDOW, (w + 1) * _LOAD_WINDOW)
+               if j not in st.loaded]
         for i in range(0, len(ids), _LOAD_CHUNK):
             chunk = ids[i:i + _LOAD_CHUNK]
             self._rows(b, st, chunk)
@@ -451,6 +431,9 @@ class Handler:
                     att.resources[str(r.resource)] = int(r.quantity)
             for parent, child in self._read(_CHILD_EDGES, b=b, ids=chunk):
                 st.children[int(parent)].append(int(child))
+            unknown = sorted({c for j in chunk for c in st.children[j] if c not in st.jobs})
+            if unknown:
+                self._rows(b, st, unknown)
             st.loaded.update(chunk)
 
     def _rows(self, b: int, st: BatchState, ids: Sequence[int]) -> None:
@@ -466,13 +449,23 @@ class Handler:
 
     def _ancestors(self, batch_id: int, group: int) -> list[int]:
         """The group and its ancestors up to 0 (immutable once the group exists)."""
-        key = (batch_id, group)
-        found = self._ancestry.get(key)
+        ancestry = self._batch(batch_id).ancestry
+        found = ancestry.get(group)
         if found is None:
-            found = [int(a) for _, a, _ in self._read(_ANCESTRY, b=batch_id, groups=[group])]
-            if found:  # a group not there yet is not remembered as having no ancestors
-                self._ancestry[key] = found
+            self._load_ancestry(batch_id, [group])
+            found = ancestry.get(group, [])
         return found
+
+    def _load_ancestry(self, batch_id: int, groups: Iterable[int]) -> None:
+        """Load the ancestry of ``groups``; a group not there yet is not remembered."""
+        ancestry = self._batch(batch_id).ancestry
+        missing = sorted({g for g in groups if g not in ancestry})
+        if not missing:
+            return
+        found: dict[int, list[int]] = defaultdict(list)
+        for group, ancestor, _ in self._read(_ANCESTRY, b=batch_id, groups=missing):
+            found[int(group)].append(int(ancestor))
+        ancestry.update(found)
 
     def _facts(self, batch_id: int, row: JobRow) -> JobFacts:
         cancelled = not row.always_run and (

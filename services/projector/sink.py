@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from services.common.log import Record
 from services.common.offsets import MySQLOffsetStore
 from services.projector.handlers import Handler
+from services.projector.state import DEFAULT_MAX_JOBS, PartitionCache
 from services.projector.writer import Writer
 
 log = logging.getLogger(__name__)
@@ -37,9 +38,22 @@ class Applied:
 class Sink:
     """Folds records into the projection database, storing offsets with the rows."""
 
-    def __init__(self, engine: sa.Engine, consumer: str) -> None:
+    def __init__(self, engine: sa.Engine, consumer: str, *,
+                 max_cached_jobs: int = DEFAULT_MAX_JOBS) -> None:
         self._store = MySQLOffsetStore(engine)
         self.consumer = consumer
+        self._max_cached_jobs = max_cached_jobs
+        # What each partition's handlers keep between transactions (services/projector/
+        # state.py). A partition is applied by one thread at a time (the agent, or one replay
+        # lane), so each cache is only ever used by one thread at once.
+        self._caches: dict[tuple[str, int], PartitionCache] = {}
+        self._forget = False
+
+    def forget(self) -> None:
+        """Drop everything cached before the next transaction: partitions were (re)assigned,
+        so another instance may have written them meanwhile. Safe to call from any thread:
+        the applying thread does the dropping."""
+        self._forget = True
 
     @property
     def store(self) -> MySQLOffsetStore:
@@ -49,7 +63,17 @@ class Sink:
         """Apply the records not applied before; their offsets are stored in the same commit."""
         if not records:
             return Applied()
-        fresh, stats = self._store.apply(self.consumer, records, self._fold)
+        if self._forget:
+            self._forget = False
+            for cache in list(self._caches.values()):
+                cache.clear()
+        try:
+            fresh, stats = self._store.apply(self.consumer, records, self._fold)
+        except BaseException:
+            # What this transaction folded into the caches never reached the database.
+            for key in {(r.topic, r.partition) for r in records}:
+                self._cache(key).clear()
+            raise
         result = stats or Applied()
         result.records, result.fresh = len(records), fresh
         return result
@@ -60,14 +84,22 @@ class Sink:
         by_partition: dict[tuple[str, int], list[Record]] = defaultdict(list)
         for r in records:
             by_partition[(r.topic, r.partition)].append(r)
-        for (_, partition), part in sorted(by_partition.items()):
-            handler = Handler(conn, writer, token=partition)
+        for (topic, partition), part in sorted(by_partition.items()):
+            cache = self._cache((topic, partition))
+            handler = Handler(conn, writer, token=partition, cache=cache)
             handler.prepare([r.envelope for r in part])
             for r in part:
                 if not handler.handle(r.envelope):
                     stats.skipped_tags += 1
             handler.settle()  # the outbox rows of this partition's completions
+            cache.trim(self._max_cached_jobs // len(self._caches))
         writer.flush()
         stats.statements = writer.statements
         stats.by_tag = Counter(r.envelope.tag for r in records)
         return stats
+
+    def _cache(self, key: tuple[str, int]) -> PartitionCache:
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches.setdefault(key, PartitionCache())
+        return cache

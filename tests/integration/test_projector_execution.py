@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from schemas.batch import BatchCancelled, JobGroupCancelled, JobGroupRecord, UpdateCommitted
+from schemas.batch import (
+    BatchCancelled,
+    JobGroupCancelled,
+    JobGroupRecord,
+    JobGroupsSubmitted,
+    UpdateCommitted,
+)
 from schemas.execution import (
     AttemptLost,
     JobCancelled,
@@ -267,3 +273,55 @@ def test_a_commit_resolves_parents_of_earlier_updates(engine: sa.Engine, sink: S
     before = snapshot(engine)
     sink.apply(s.records([UpdateCommitted(batch_id=50, update_id=2, n_jobs=6, n_job_groups=0)]))
     assert snapshot(engine) == before
+
+
+def test_a_failed_transaction_leaves_nothing_cached(engine: sa.Engine, sink: Sink) -> None:
+    """What a transaction folded into the partition's cache is dropped when it rolls back: the
+    same SJ applied again is a first SJ, not a duplicate of one the database never saw."""
+    s = Stream()
+    sink.apply(s.records(submission(60, 1, [job(1), job(2)], create=True, user="u60")))
+    sink.apply(s.records([sj(60, 1)]))
+    # Another batch's groups naming a parent that does not exist: the fold fails after SJ(2).
+    bad = JobGroupsSubmitted(batch_id=61, update_id=1, job_groups=[
+        JobGroupRecord(job_group_id=5, parent_id=4)])
+    failing = s.records([sj(60, 2, "b"), bad])
+    with pytest.raises(LookupError):
+        sink.apply(failing)
+    assert states(engine, 60) == {1: "Running", 2: "Ready"}
+    sink.apply(failing[:1])
+    assert states(engine, 60) == {1: "Running", 2: "Running"}
+    assert user_row(engine, "u60")["n_running_jobs"] == 2
+
+
+def test_a_reassigned_partition_is_read_again(engine: sa.Engine, sink: Sink,
+                                               request: pytest.FixtureRequest) -> None:
+    """Partitions assigned anew may have been written by another instance meanwhile: after
+    forget() the sink reads them back instead of trusting what it cached."""
+    s = Stream()
+    sink.apply(s.records(submission(62, 1, [job(1), job(2, 0, [1])], create=True,
+                                    user="u62")))
+    sink.apply(s.records([sj(62, 1)]))  # job 1 Running, cached here
+    other = Sink(engine, request.node.name)  # the same consumer, as another instance
+    other.apply(s.records([mjc(62, 1)]))
+    assert states(engine, 62) == {1: "Success", 2: "Ready"}
+    sink.forget()
+    # A duplicate MJC (a worker's retry) is a duplicate only to a sink that reads job 1 again.
+    sink.apply(s.records([mjc(62, 1), sj(62, 2, "b"), mjc(62, 2, a="b")]))
+    assert states(engine, 62) == {1: "Success", 2: "Success"}
+    assert counts(engine, 62)["n_succeeded"] == 2
+    assert all(v == 0 for v in user_row(engine, "u62").values())
+
+
+def test_the_cache_forgets_least_recently_used_batches_beyond_its_bound() -> None:
+    from services.projector.state import PartitionCache
+
+    cache = PartitionCache()
+    for b, n in ((1, 3), (2, 3), (3, 3)):
+        cache.get(b).jobs.update({j: None for j in range(n)})
+    cache.get(1)  # now the most recently used
+    cache.trim(6)
+    assert len(cache) == 2 and cache.get(2).jobs == {} and len(cache.get(1).jobs) == 3
+    big = PartitionCache()
+    big.get(7).jobs.update({j: None for j in range(10)})
+    big.trim(4)  # the one batch in use is kept whatever its size
+    assert len(big.get(7).jobs) == 10
