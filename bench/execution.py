@@ -4,10 +4,11 @@ A private stack (as `make up` runs it: durable broker, projector, ingest, schedu
 scheduler starts local worker processes) runs a batch of ``n`` no-op jobs (``true``, a quarter
 core each) submitted with the official client. The rate is jobs over the time from the start of
 the submission to the batch's completion as the API reports it. The ceiling beside it is how
-fast this machine starts and reaps ``true`` processes with nothing else to do, measured in the
-same run: every job costs at least one such spawn. ``log_jobs_per_s`` is the rate read off the
-log itself (first SJ to last MJC of the batch): how fast the scheduler and workers run jobs,
-before the projector makes completion visible to the API.
+fast this machine starts and reaps ``true`` processes with nothing else to do, by the worker's
+own runtime, measured in the same run: every job costs at least one such spawn.
+``log_jobs_per_s`` is the rate read off the log itself (first SJ to last MJC of the batch): how
+fast the scheduler and workers run jobs, before the projector makes completion visible to the
+API.
 """
 
 from __future__ import annotations
@@ -32,20 +33,31 @@ from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
 from services.common.settings import LogSettings, load_settings
 from services.stack.config import SEAWEED_PORT_SPAN
+from services.worker.runtime import FileLogSink, LocalProcessRuntime, RunRequest
 
 
 async def _spawn_rate(n: int, concurrency: int) -> float:
-    """``true`` processes started and reaped per second with ``concurrency`` in flight."""
+    """``true`` processes started and reaped per second with ``concurrency`` in flight, by the
+    worker's own runtime (:class:`LocalProcessRuntime`, output to a log file), so the ceiling
+    is what a no-op job costs the worker at least."""
     limit = asyncio.Semaphore(concurrency)
+    runtime = LocalProcessRuntime()
+    logs = Path(tempfile.mkdtemp(prefix="hs-bench-spawn-"))
+    request = RunRequest(command=["true"], cwd=str(logs))
 
-    async def one() -> None:
+    async def one(i: int) -> None:
         async with limit:
-            proc = await asyncio.create_subprocess_exec("true")
-            await proc.wait()
+            with FileLogSink(logs, str(i % (2 * concurrency))) as sink:
+                outcome = await runtime.run(request, sink)
+            if outcome.state != "Success":
+                raise RuntimeError(f"`true` did not succeed: {outcome}")
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(n)))
-    return n / (time.perf_counter() - t0)
+    try:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return n / (time.perf_counter() - t0)
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)
 
 
 def _status(url: str, token: str, batch_id: int) -> dict[str, Any]:
