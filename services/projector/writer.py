@@ -135,12 +135,14 @@ class Writer:
                 self._write(op)
         for run in runs.values():
             self._write_run(run)
-        increments = self._increments.drain()
-        by_shape: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[Row]] = {}
-        for inc in increments:
-            shape = (inc.table, tuple(inc.key), tuple(inc.deltas))
-            by_shape.setdefault(shape, []).append({**inc.key, **inc.deltas})
-        for (table, keys, deltas), rows in by_shape.items():
+        # Increments of one table and key columns go in one statement whatever columns they
+        # move: a column a row does not move is added 0 (counter columns default to 0).
+        by_table: dict[tuple[str, tuple[str, ...]], list[Increment]] = {}
+        for inc in self._increments.drain():
+            by_table.setdefault((inc.table, tuple(inc.key)), []).append(inc)
+        for (table, keys), incs in by_table.items():
+            deltas = tuple(dict.fromkeys(c for inc in incs for c in inc.deltas))
+            rows = [{**inc.key, **{d: inc.deltas.get(d, 0) for d in deltas}} for inc in incs]
             cols = keys + deltas
             sets = ", ".join(f"{_q(d)} = {_q(d)} + VALUES({_q(d)})" for d in deltas)
             self._exec(f"INSERT INTO {_q(table)} ({_cols(cols)}) VALUES ({_values(cols)}) "
