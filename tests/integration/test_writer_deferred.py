@@ -29,10 +29,13 @@ def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
 jobs = st.integers(1, 3)
 attempts = st.sampled_from(["a", "b"])
 times = st.one_of(st.none(), st.integers(0, 10**6))
+TRICKY = ["%s", "%(x)s 100%", "it's \"q\"", "back\\slash\\", "tab\tnl\nr\r", "ünï 😀",
+          "nul\x00z", "\x1a;--", ""]
+"""Strings the writer's literals must escape as the driver's parameters do."""
 ops = st.one_of(
     st.builds(lambda j, a, i: InsertIgnore("attempts", [{
         "batch_id": B, "job_id": j, "attempt_id": a, "instance_name": i}]),
-        jobs, attempts, st.sampled_from(["w1", "w2"])),
+        jobs, attempts, st.sampled_from(["w1", "w2", *TRICKY])),
     st.builds(lambda j, a, t: Upsert("attempts", [{
         "batch_id": B, "job_id": j, "attempt_id": a, "start_time_ms": t}], ("start_time_ms",)),
         jobs, attempts, times),
@@ -40,7 +43,7 @@ ops = st.one_of(
         "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts, times),
     st.builds(lambda j, a, t, r: Update("attempts", {"end_time_ms": t, "reason": r}, {
         "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts, times,
-        st.sampled_from([None, "lost"])),
+        st.sampled_from([None, "lost", *TRICKY])),
     st.builds(lambda j, a, t: Update("attempts", {"rollup_time_ms": t, "end_time_ms": t}, {
         "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts, times),
     st.builds(lambda j, t: Update("attempts", {"rollup_time_ms": t}, {
@@ -122,5 +125,28 @@ def test_many_rows_with_the_same_columns_are_one_statement(engine: sa.Engine) ->
             got = dict(conn.execute(sa.text(
                 "SELECT job_id, start_time_ms FROM attempts WHERE batch_id = :b"), {"b": B}).all())
             assert got == {j: (7 if j == 5 else j) for j in range(1, 1_201)}
+        finally:
+            trans.rollback()
+
+
+@pytest.mark.parametrize("value", [*TRICKY, "x" * 100, None])
+def test_literals_round_trip(engine: sa.Engine, value: str | None) -> None:
+    """What the writer inlines as literals reads back as the value itself, in inserts and in
+    merged updates alike."""
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            writer.emit([InsertIgnore("attempts", [
+                {"batch_id": B, "job_id": j, "attempt_id": "a", "instance_name": value}
+                for j in (1, 2)])])
+            writer.emit([Update("attempts", {"reason": value and value[:40], "start_time_ms": j},
+                                {"batch_id": B, "job_id": j, "attempt_id": "a"}) for j in (1, 2)])
+            writer.flush()
+            got = conn.execute(sa.text(
+                "SELECT instance_name, reason, start_time_ms FROM attempts WHERE batch_id = :b "
+                "ORDER BY job_id"), {"b": B}).all()
+            short = value and value[:40]
+            assert [tuple(r) for r in got] == [(value, short, 1), (value, short, 2)]
         finally:
             trans.rollback()
