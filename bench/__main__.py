@@ -4,12 +4,13 @@
 tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it afterwards.
 ``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
 batch status latency. ``execution``: a private full stack runs ``--exec-jobs`` no-op jobs end to
-end, beside the machine's process-spawn rate. ``replay``: a generated log of ``--replay-jobs``
-jobs replayed into a fresh database as the audit's rebuild does. ``scheduler-memory``: the
-scheduler's state of one committed batch of ``--sched-jobs`` jobs. With no scenario named, all
-run. Prints a table per scenario, then every performance target of issue 6 with the figure
-that judges it and whether it is met (``bench/targets.py``), and writes the same as JSON to
-bench/results/.
+end, beside the machine's process-spawn rate. Both stacks' broker keeps the log on SeaweedFS as
+``make up`` does, or in memory with ``--stack memory``. ``replay``: a generated log of
+``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
+``scheduler-memory``: the scheduler's state of one committed batch of ``--sched-jobs`` jobs.
+With no scenario named, all run. Prints a table per scenario, then every performance target of
+issue 6 with the figure that judges it and whether it is met (``bench/targets.py``), and writes
+the same as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -82,6 +83,9 @@ def main() -> None:
     parser.add_argument("--sched-jobs", type=int, default=10_000_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
+    parser.add_argument("--stack", choices=("durable", "memory"), default="durable",
+                        help="the ingest and execution stacks' broker storage: SeaweedFS, as "
+                             "`make up` runs it (default), or memory")
     args = parser.parse_args()
     known = ["log", "ingest", "execution", "replay", "scheduler-memory"]
     scenarios = args.scenarios or known
@@ -107,9 +111,10 @@ def main() -> None:
             spent = window.stop(int(figures["events"]), unit="event_published_and_read")
             results["log"] = {"storage": storage, **figures, **spent}
     if "ingest" in scenarios:
-        results["ingest"] = ingest_throughput.run(args.jobs)
+        results["ingest"] = ingest_throughput.run(args.jobs, durable=args.stack == "durable")
     if "execution" in scenarios:
-        results["execution"] = execution.run(args.exec_jobs)
+        results["execution"] = execution.run(args.exec_jobs,
+                                                 durable=args.stack == "durable")
     if "replay" in scenarios:
         with ExitStack() as stack:
             results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
