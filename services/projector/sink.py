@@ -44,16 +44,19 @@ class Sink:
         self.consumer = consumer
         self._max_cached_jobs = max_cached_jobs
         # What each partition's handlers keep between transactions (services/projector/
-        # state.py). A partition is applied by one thread at a time (the agent, or one replay
-        # lane), so each cache is only ever used by one thread at once.
+        # state.py). A partition is applied by one thread at a time (its topic's agent, or one
+        # replay lane), so each cache is only ever used by one thread at once; agents of other
+        # topics apply in other threads meanwhile.
         self._caches: dict[tuple[str, int], PartitionCache] = {}
-        self._forget = False
+        self._generation = 0
+        """Bumped by forget(); a cache from an older generation is dropped before use."""
+        self._seen: dict[tuple[str, int], int] = {}
 
     def forget(self) -> None:
-        """Drop everything cached before the next transaction: partitions were (re)assigned,
-        so another instance may have written them meanwhile. Safe to call from any thread:
-        the applying thread does the dropping."""
-        self._forget = True
+        """Drop everything cached before its partition's next transaction: partitions were
+        (re)assigned, so another instance may have written them meanwhile. Safe to call from
+        any thread: each partition's own applying thread does the dropping."""
+        self._generation += 1
 
     @property
     def store(self) -> MySQLOffsetStore:
@@ -63,10 +66,6 @@ class Sink:
         """Apply the records not applied before; their offsets are stored in the same commit."""
         if not records:
             return Applied()
-        if self._forget:
-            self._forget = False
-            for cache in list(self._caches.values()):
-                cache.clear()
         try:
             fresh, stats = self._store.apply(self.consumer, records, self._fold)
         except BaseException:
@@ -102,4 +101,8 @@ class Sink:
         cache = self._caches.get(key)
         if cache is None:
             cache = self._caches.setdefault(key, PartitionCache())
+        generation = self._generation
+        if self._seen.get(key) != generation:
+            cache.clear()  # new, or from before a forget()
+            self._seen[key] = generation
         return cache
