@@ -325,3 +325,22 @@ def test_the_cache_forgets_least_recently_used_batches_beyond_its_bound() -> Non
     big.get(7).jobs.update({j: None for j in range(10)})
     big.trim(4)  # the one batch in use is kept whatever its size
     assert len(big.get(7).jobs) == 10
+
+
+def test_forget_leaves_other_partitions_to_their_own_transactions(engine: sa.Engine,
+                                                                   sink: Sink) -> None:
+    """Each topic applies in its own thread: forget() must not let one partition's transaction
+    clear the cache another partition's transaction may be using; each is dropped by its own."""
+    s0, s1 = Stream(partition=0), Stream(partition=1)
+    sink.apply(s0.records(submission(63, 1, [job(1), job(2)], create=True, user="u63")))
+    sink.apply(s1.records(submission(64, 1, [job(1), job(2)], create=True, user="u64")))
+    sink.apply(s0.records([sj(63, 1)]))
+    sink.apply(s1.records([sj(64, 1)]))
+    other = sink._caches[("batch-events", 1)]
+    assert len(other) == 1
+    sink.forget()
+    sink.apply(s0.records([sj(63, 2, "b")]))
+    assert len(other) == 1  # partition 1's cache is untouched by partition 0's transaction
+    sink.apply(s1.records([mjc(64, 1)]))
+    assert states(engine, 64) == {1: "Success", 2: "Ready"}
+    assert states(engine, 63) == {1: "Running", 2: "Running"}
