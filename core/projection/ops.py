@@ -80,26 +80,44 @@ Op: TypeAlias = InsertIgnore | Upsert | Update | UpdateIn | Increment | Delete
 
 @dataclass
 class Increments:
-    """Increments merged by (table, key): many state changes become one row write each."""
+    """Increments merged by (table, key): many state changes become one row write each.
+
+    :meth:`add` keys by the key's items in the order the op gives them (every op constructor
+    names a table's key columns in one order), which costs no sort per op; :meth:`drain` puts
+    the few distinct keys in canonical form, so a key given in two orders still merges into
+    one row.
+    """
 
     _by_key: dict[tuple[str, tuple[tuple[str, Value], ...]], dict[str, int]] = field(
         default_factory=dict)
 
     def add(self, op: Increment) -> None:
         """Merge ``op`` into the pending increments."""
-        key = (op.table, tuple(sorted(op.key.items())))
-        merged = self._by_key.setdefault(key, {})
+        key = (op.table, tuple(op.key.items()))
+        merged = self._by_key.get(key)
+        if merged is None:
+            self._by_key[key] = dict(op.deltas)
+            return
         for column, delta in op.deltas.items():
             merged[column] = merged.get(column, 0) + delta
 
     def drain(self) -> list[Increment]:
         """The merged increments (zero deltas dropped), in a stable order; then empty."""
+        canonical: dict[tuple[str, tuple[tuple[str, Value], ...]], dict[str, int]] = {}
+        for (table, items), deltas in self._by_key.items():
+            row = (table, tuple(sorted(items)))
+            merged = canonical.get(row)
+            if merged is None:
+                canonical[row] = deltas
+                continue
+            for column, delta in deltas.items():
+                merged[column] = merged.get(column, 0) + delta
+        self._by_key.clear()
         out = []
-        for (table, key), deltas in sorted(self._by_key.items(), key=lambda kv: repr(kv[0])):
+        for (table, key), deltas in sorted(canonical.items(), key=lambda kv: repr(kv[0])):
             nonzero = {c: d for c, d in deltas.items() if d != 0}
             if nonzero:
                 out.append(Increment(table, dict(key), nonzero))
-        self._by_key.clear()
         return out
 
     def __len__(self) -> int:
