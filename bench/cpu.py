@@ -90,6 +90,8 @@ class Window:
     marker: bytes
     own: str | None = None
     children: bool = True
+    children_as: str = "client (hailtop)"
+    """The component the benchmark's reaped children count as."""
     _before: dict[int, tuple[str, float]] | None = None
     _busy: tuple[float, float] = (0.0, 0.0)
     _children: float = 0.0
@@ -110,8 +112,9 @@ class Window:
         """Figures for ``units`` units of work done in the window, per component and in all.
 
         Processes that started in the window count from zero; processes that ended in it are
-        lost, except the benchmark's own children (the hailtop client), taken from
-        ``os.times`` unless ``children`` is off; ``extra`` adds CPU seconds measured elsewhere.
+        lost, except the benchmark's own children (the hailtop client, or ``children_as``),
+        taken from ``os.times`` unless ``children`` is off; ``extra`` adds CPU seconds measured
+        elsewhere.
         """
         assert self._before is not None, "start() first"
         after = processes(self.marker)
@@ -123,7 +126,7 @@ class Window:
         t = os.times()
         children = t.children_user + t.children_system - self._children
         if self.children and children > 0:
-            per["client (hailtop)"] = per.get("client (hailtop)", 0.0) + children
+            per[self.children_as] = per.get(self.children_as, 0.0) + children
         for component, seconds in (extra or {}).items():
             per[component] = per.get(component, 0.0) + seconds
         if self.own:

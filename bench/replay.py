@@ -37,8 +37,9 @@ from schemas.control import (
 )
 from schemas.events import AnyEvent
 from schemas.execution import JobCompleted, JobScheduled, JobStarted
+from services.audit import cli as audit_cli
 from services.audit.logread import PartitionReader
-from services.audit.replay import ReplayStats, replay, spans
+from services.audit.replay import ReplayStats, SinkTarget, replay, replay_processes, spans
 from services.common.log import Publisher, bootstrap_topics, delete_topics, high_watermarks
 from services.common.settings import (
     ALL_TOPICS,
@@ -137,12 +138,16 @@ async def _publish(log: LogSettings, events: list[AnyEvent], chunk: int = 5_000)
     return time.perf_counter() - t0
 
 
-async def _replay(log: LogSettings, engine: sa.Engine, batch_size: int, lanes: int
-                  ) -> ReplayStats:
+async def _replay(log: LogSettings, db: DatabaseSettings, engine: sa.Engine, batch_size: int,
+                  lanes: int) -> ReplayStats:
+    """As the rebuild replays: one lane in this process, or a process per lane."""
     marks = await high_watermarks(log, PROJECTED_TOPICS)
+    todo = spans({}, marks, PROJECTED_TOPICS)
+    if lanes > 1:
+        return await replay_processes(log, SinkTarget(db, projector_consumer(log)), todo,
+                                      batch_size=batch_size, processes=lanes)
     sink = Sink(engine, consumer=projector_consumer(log))
-    return await replay(log, sink, spans({}, marks, PROJECTED_TOPICS), batch_size=batch_size,
-                        lanes=lanes)
+    return await replay(log, sink, todo, batch_size=batch_size)
 
 
 async def _read_floor(log: LogSettings) -> tuple[int, float]:
@@ -232,12 +237,19 @@ def _figures(stats: ReplayStats, lanes: int) -> dict[str, Any]:
     }
 
 
+DEFAULT_LANES = audit_cli.DEFAULT_LANES
+"""The rebuild's default (``python -m services.audit rebuild``): two lane processes per core."""
+
+
 def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
-        replay_batch: int = 5_000, lanes: tuple[int, ...] = (1, 4),
+        replay_batch: int = 5_000, lanes: tuple[int, ...] = (DEFAULT_LANES, 1),
         marker: bytes = b"") -> dict[str, Any]:
     """Publish a generated log, then replay it once per entry of ``lanes`` (fresh databases).
 
-    ``marker``: a string in the environment of the broker's processes, to count their CPU.
+    Figures named ``replay_*`` are the rebuild's default (two lane processes per core, the figure
+    the target judges); ``replay_<n>_lanes_*`` the other entries, ``replay_1_lanes_*`` one lane
+    in this process. ``marker``: a string in the environment of the broker's processes, to
+    count their CPU.
     """
     settings = load_settings()
     log = msgspec.structs.replace(settings.log, bootstrap_servers=bootstrap,
@@ -259,15 +271,17 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
                                          name=f"hs_bench_replay_{uuid.uuid4().hex[:8]}")
             apply_migrations(db)
             engine = sa.create_engine(db.url(), pool_size=n + 1, max_overflow=n)  # as rebuild
-            window = cpu.Window(marker, own="replay (projector sink)")
+            # Lane processes are reaped children: their CPU counts as the sink's.
+            window = cpu.Window(marker, own="replay (projector sink)",
+                                children_as="replay (projector sink)")
             window.start()
             try:
-                stats = asyncio.run(_replay(log, engine, replay_batch, n))
+                stats = asyncio.run(_replay(log, db, engine, replay_batch, n))
                 spent = window.stop(len(events), unit="event")
                 with engine.connect() as conn:
                     done = conn.execute(sa.text("SELECT COUNT(*) FROM jobs WHERE state IN "
                                                 "('Success', 'Failed')")).scalar()
-                if n == 1:
+                if n == lanes[0]:
                     out |= _copy_floor(settings.db, db.name, len(events))
             finally:
                 engine.dispose()
@@ -276,9 +290,10 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
                     conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db.name}`")
             if done != n_jobs:
                 raise AssertionError(f"the replay ended {done} of {n_jobs} jobs")
-            prefix = "replay" if n == 1 else f"replay_{n}_lanes"
+            prefix = "replay" if n == lanes[0] else f"replay_{n}_lanes"
             out |= {f"{prefix}_{k}": v for k, v in (_figures(stats, n) | spent).items()}
-            if n == 1:
+            if n == lanes[0]:
+                out["replay_lanes"] = n
                 out["write_statements_per_event"] = round(stats.statements / stats.events, 2)
         return out
     finally:

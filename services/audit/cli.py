@@ -4,16 +4,17 @@
 log, one line each (position, time, tag, key fields) or as JSON lines (whole envelopes). Exit 1
 if the batch or job is not on the log.
 
-``rebuild [--database NAME] [--keep] [--wait-s S]`` replays the log into a fresh database and
-diffs it against the live one (see :mod:`services.audit.rebuild`): every difference is printed
-on stdout, progress on stderr. Exit 0 with no difference, 1 with differences, 2 when the audit
-could not run (the target exists, the live projector lags too far behind, the log is
-unreachable).
+``rebuild [--database NAME] [--keep] [--wait-s S] [--lanes N]`` replays the log into a fresh
+database (two lane processes per core by default) and diffs it against the live one (see
+:mod:`services.audit.rebuild`): every difference is printed on stdout, progress on stderr. Exit 0
+with no difference, 1 with differences, 2 when the audit could not run (the target exists, the
+live projector lags too far behind, the log is unreachable).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Annotated
 
 import typer
@@ -36,7 +37,7 @@ from services.audit.diff import Difference, format_difference
 from services.audit.history import job_history, load_batch, render
 from services.audit.rebuild import AuditError, RebuildOptions, Reporter, rebuild
 from services.audit.replay import Progress as OnProgress
-from services.audit.replay import Span
+from services.audit.replay import ReplayError, Span
 from services.common.log import LogError
 from services.common.settings import load_settings
 
@@ -113,6 +114,12 @@ def history(
         typer.echo(line)
 
 
+DEFAULT_LANES = 2 * (os.cpu_count() or 1)
+"""Two lane processes per core: a lane waits on MariaDB for about a third of its time, so one
+per core left the machine 30% idle (measured: 2,778 events/s with 2 lanes, 3,378 with 4, on 2
+cores)."""
+
+
 @app.command("rebuild")
 def rebuild_command(
     database: Annotated[str | None, typer.Option(
@@ -123,7 +130,9 @@ def rebuild_command(
         help="How long to wait for the live projector to catch up.")] = 120.0,
     batch_size: Annotated[int, typer.Option(help="Records per replay transaction.")] = 5_000,
     lanes: Annotated[int, typer.Option(
-        help="Partitions replayed at the same time (1: one after the other).", min=1)] = 1,
+        help="Partitions replayed at the same time, each lane a process of its own "
+             "(1: one after the other, in this process). Default: two per core.", min=1)]
+    = DEFAULT_LANES,
 ) -> None:
     """Replay the log into a fresh database and diff it against the live projections."""
     settings = load_settings()
@@ -132,7 +141,7 @@ def rebuild_command(
                              batch_size=batch_size, lanes=lanes)
     try:
         result = asyncio.run(rebuild(settings, options, reporter))
-    except (AuditError, LogError, KafkaError, DecodeError) as e:
+    except (AuditError, LogError, KafkaError, DecodeError, ReplayError) as e:
         reporter.message(f"error: {e!r}" if isinstance(e, KafkaError) else f"error: {e}")
         raise typer.Exit(FAILED) from None
     n = len(result.differences)

@@ -3,7 +3,8 @@
 1. Capture the high watermarks of every topic the projector consumes.
 2. Create a fresh database (``<live>_rebuild`` unless named) and run the migrations.
 3. Replay each partition from offset 0 to its captured watermark through the projector's sink
-   (:mod:`services.audit.replay`), with a progress bar.
+   (:mod:`services.audit.replay`), with a progress bar; with more than one lane, each lane is a
+   process of its own, so the replay folds on every core.
 4. Wait, bounded, until the live projector's applied offsets reach the captured watermarks.
 5. Open a consistent snapshot of the live database and read its applied offsets there: the rows
    of the snapshot are exactly the fold of the log up to those offsets (invariant 4). Replay the
@@ -32,7 +33,17 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from services.audit.diff import Difference
-from services.audit.replay import BATCH_SIZE, Progress, ReplayStats, Span, behind, replay, spans
+from services.audit.replay import (
+    BATCH_SIZE,
+    Progress,
+    ReplayStats,
+    SinkTarget,
+    Span,
+    behind,
+    replay,
+    replay_processes,
+    spans,
+)
 from services.audit.tables import Comparison
 from services.common.log import high_watermarks
 from services.common.settings import DatabaseSettings, Settings, projector_consumer
@@ -67,7 +78,8 @@ class RebuildOptions:
     """How long to wait for the live projector to reach the captured watermarks."""
     batch_size: int = BATCH_SIZE
     lanes: int = 1
-    """Partitions replayed at the same time (each partition stays in one lane, in order)."""
+    """Partitions replayed at the same time, each lane in a process of its own when more than
+    one (each partition stays in one lane, in order)."""
 
 
 @dataclass
@@ -188,8 +200,7 @@ async def rebuild(settings: Settings, options: RebuildOptions | None = None,
                      f"partitions of {', '.join(PROJECTED_TOPICS)}")
     rebuilt_db = msgspec.structs.replace(live_db, name=target)
     # Pooled: a new connection per replayed transaction would cost more than the transaction.
-    rebuilt = sa.create_engine(rebuilt_db.url(), pool_size=options.lanes + 1,
-                               max_overflow=options.lanes)
+    rebuilt = sa.create_engine(rebuilt_db.url(), pool_size=2, max_overflow=1)
     live = _engine(live_db, isolation_level="REPEATABLE READ")
     try:
         apply_migrations(rebuilt_db)
@@ -197,8 +208,13 @@ async def rebuild(settings: Settings, options: RebuildOptions | None = None,
         todo = spans({}, marks, PROJECTED_TOPICS)
         progress = reporter.replaying(todo, f"replaying into {target}")
         try:
-            stats = await replay(settings.log, sink, todo, batch_size=options.batch_size,
-                                 lanes=options.lanes, progress=progress)
+            if options.lanes > 1:
+                stats = await replay_processes(
+                    settings.log, SinkTarget(rebuilt_db, consumer), todo,
+                    batch_size=options.batch_size, processes=options.lanes, progress=progress)
+            else:
+                stats = await replay(settings.log, sink, todo, batch_size=options.batch_size,
+                                     progress=progress)
         finally:
             reporter.done_replaying()
         reporter.message(f"replayed {stats.events} events in {stats.wall_s:.1f} s "
@@ -215,7 +231,7 @@ async def rebuild(settings: Settings, options: RebuildOptions | None = None,
                 reporter.message(f"the live projector is past the captured log end: catching "
                                  f"up {sum(s.size for s in extra)} events")
                 catch_up = await replay(settings.log, sink, extra,
-                                        batch_size=options.batch_size, lanes=options.lanes)
+                                        batch_size=options.batch_size)
             result = RebuildResult(target, options.keep, dict(marks), offsets, stats, catch_up)
             reporter.message("comparing projection tables")
             with rebuilt.connect() as rebuilt_conn:

@@ -5,15 +5,24 @@ same handlers, the same writer, the same token per partition (the partition numb
 offsets stored with the rows. Partitions are replayed one after the other, each in offset order.
 A reader task fetches and decodes the next records while the sink applies the previous ones in a
 thread, so the log and the database work at the same time.
+
+The fold is Python, so one process folds on one core however many lanes it runs.
+:func:`replay_processes` runs each lane in a process of its own, with its own reader, sink and
+connections: partitions are independent (each writes its own counter token, invariants 3 and
+5), so lanes in separate processes project exactly what one lane does, on every core.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import pickle
+import queue as queues
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, fields
+from multiprocessing.process import BaseProcess
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -21,7 +30,7 @@ from schemas import codec
 from schemas.envelope import Envelope
 from services.audit.logread import PartitionReader
 from services.common.log import Record
-from services.common.settings import LogSettings
+from services.common.settings import DatabaseSettings, LogSettings
 from services.projector.sink import Applied, Sink
 
 BATCH_SIZE = 5_000
@@ -65,6 +74,12 @@ class ReplayStats:
     @property
     def events_per_s(self) -> float:
         return self.events / self.wall_s if self.wall_s > 0 else 0.0
+
+    def add(self, other: ReplayStats) -> None:
+        """Add ``other``'s counts and busy times (not its wall time) to these."""
+        for f in fields(self):
+            if f.name != "wall_s":
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 def spans(start: Mapping[tuple[str, int], int], end: Mapping[tuple[str, int], int],
@@ -179,6 +194,128 @@ async def _lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: Repla
         except asyncio.CancelledError:
             if not reader.cancelled():
                 raise
+
+
+class ReplayError(Exception):
+    """A lane process ended without saying why (killed, or its error could not be sent)."""
+
+
+@dataclass(frozen=True)
+class SinkTarget:
+    """What a lane process needs to build its own sink: the database and the consumer name
+    stored with the applied offsets."""
+
+    db: DatabaseSettings
+    consumer: str
+
+
+_POLL_S = 0.2
+"""How often the parent checks that its lane processes are alive while none reports."""
+
+
+async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[Span], *,
+                           batch_size: int = BATCH_SIZE, processes: int = 2,
+                           progress: Progress | None = None) -> ReplayStats:
+    """Apply every record of ``todo``, the partitions spread over ``processes`` lane processes.
+
+    Each process replays its lane as :func:`replay` does with one lane, into ``target`` through
+    a sink of its own. If a process fails, the others are stopped and its error is raised here
+    (re-raised as the same exception when it can be sent across, else as
+    :class:`ReplayError`); what the lanes committed stays committed, with its offsets, so a
+    replay into the same database resumes where they stopped.
+    """
+    stats = ReplayStats()
+    t0 = time.perf_counter()
+    plan = lanes_of(todo, processes)
+    if not plan:
+        return stats
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and loops
+    inbox: multiprocessing.queues.Queue[tuple[Any, ...]] = ctx.Queue()
+    procs = [ctx.Process(target=_lane_process, name=f"replay-lane-{i}", daemon=True,
+                         args=(i, log, target, lane, batch_size, inbox))
+             for i, lane in enumerate(plan)]
+    for p in procs:
+        p.start()
+    try:
+        running = set(range(len(procs)))
+        while running:
+            message = await asyncio.to_thread(_next, inbox, procs, running)
+            match message:
+                case ("progress", _, span, n):
+                    if progress is not None:
+                        progress(span, n)
+                case ("done", lane, lane_stats):
+                    stats.add(lane_stats)
+                    running.discard(lane)
+                case ("error", lane, payload):
+                    raise _unpickled_error(procs[lane].name, payload)
+                case _:
+                    raise ReplayError(f"unexpected message from a lane process: {message!r}")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join()
+        inbox.close()
+    stats.wall_s = time.perf_counter() - t0
+    return stats
+
+
+def _next(inbox: multiprocessing.queues.Queue[tuple[Any, ...]], procs: Sequence[BaseProcess],
+          running: set[int]) -> tuple[Any, ...]:
+    """The next message; raises when a running lane process exited without its last word."""
+    while True:
+        try:
+            return inbox.get(timeout=_POLL_S)
+        except queues.Empty:
+            pass
+        exited = [i for i in sorted(running) if procs[i].exitcode is not None]
+        if not exited:
+            continue
+        try:  # a process flushes what it put before it exits: read what is left first
+            return inbox.get(timeout=1.0)
+        except queues.Empty:
+            p = procs[exited[0]]
+            raise ReplayError(f"{p.name} exited with code {p.exitcode} before it finished "
+                              "its partitions") from None
+
+
+def _unpickled_error(name: str, payload: bytes | str) -> BaseException:
+    if isinstance(payload, str):
+        return ReplayError(f"{name} failed: {payload}")
+    try:
+        error = pickle.loads(payload)
+    except Exception:  # a class the parent cannot rebuild: say what it was
+        return ReplayError(f"{name} failed (its error could not be unpickled)")
+    if isinstance(error, BaseException):
+        return error
+    return ReplayError(f"{name} failed: {error!r}")
+
+
+def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequence[Span],
+                  batch_size: int, outbox: multiprocessing.queues.Queue[tuple[Any, ...]]
+                  ) -> None:
+    """A lane process: replay ``todo`` into ``target``, reporting progress, then its stats or
+    its error, on ``outbox``."""
+    engine = sa.create_engine(target.db.url(), pool_size=2, max_overflow=1)
+    try:
+        stats = ReplayStats()
+        sink = Sink(engine, consumer=target.consumer)
+        asyncio.run(_lane(log, sink, todo, stats, batch_size,
+                          lambda span, n: outbox.put(("progress", lane, span, n))))
+        outbox.put(("done", lane, stats))
+    except BaseException as e:  # the process's top level: the parent raises it
+        payload: bytes | str = f"{type(e).__name__}: {e}"
+        try:
+            pickled = pickle.dumps(e)
+            pickle.loads(pickled)
+            payload = pickled
+        except Exception:  # not picklable both ways: its text goes instead
+            pass
+        outbox.put(("error", lane, payload))
+    finally:
+        engine.dispose()
 
 
 _DEADLOCK, _LOCK_WAIT_TIMEOUT = 1213, 1205

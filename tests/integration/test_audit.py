@@ -41,6 +41,7 @@ from schemas.execution import (
     JobScheduled,
     JobStarted,
 )
+from services.audit import replay as replay_module
 from services.audit.rebuild import (
     AuditError,
     RebuildOptions,
@@ -49,9 +50,10 @@ from services.audit.rebuild import (
     drop_database,
     rebuild,
 )
+from services.audit.replay import ReplayError, SinkTarget, Span, replay_processes, spans
 from services.audit.tables import Comparison
 from services.common import procs
-from services.common.log import Publisher, bootstrap_topics
+from services.common.log import Publisher, bootstrap_topics, high_watermarks
 from services.common.settings import (
     DatabaseSettings,
     Settings,
@@ -59,6 +61,8 @@ from services.common.settings import (
     projector_consumer,
 )
 from services.ingest.store import Store
+from services.projector.app import PROJECTED_TOPICS
+from sql.migrate import apply_migrations
 
 from .projection_helpers import job, query, submission
 
@@ -111,6 +115,10 @@ def rounds(b: int) -> list[list[AnyEvent]]:
          BatchCompleted(batch_id=b, outcome="failure", n_jobs=4, n_succeeded=2, n_failed=1,
                         n_cancelled=1, time_completed_ms=T0 + 40)],
     ]
+
+
+def _exit_at_once(*args: object) -> None:
+    os._exit(3)
 
 
 @dataclass
@@ -229,6 +237,49 @@ def test_a_rebuild_of_the_log_has_no_differences(live: Live) -> None:
 def test_a_rebuild_in_parallel_lanes_has_no_differences(live: Live) -> None:
     result = asyncio.run(rebuild(live.settings, RebuildOptions(lanes=4, batch_size=7)))
     assert result.differences == [] and result.replay.transactions > 4
+
+
+def test_lane_processes_report_every_record_and_fill_the_database(live: Live) -> None:
+    marks = asyncio.run(high_watermarks(live.settings.log, PROJECTED_TOPICS))
+    todo = spans({}, marks, PROJECTED_TOPICS)
+    db = msgspec.structs.replace(live.settings.db, name=f"{live.settings.db.name}_lanes")
+    apply_migrations(db)
+    seen: dict[Span, int] = {}
+
+    def progress(span: Span, n: int) -> None:
+        seen[span] = seen.get(span, 0) + n
+
+    try:
+        target = SinkTarget(db, projector_consumer(live.settings.log))
+        stats = asyncio.run(replay_processes(live.settings.log, target, todo, batch_size=5,
+                                             processes=3, progress=progress))
+        assert seen == {span: span.size for span in todo}
+        assert stats.events == sum(span.size for span in todo) and stats.transactions > 3
+        (jobs,) = query(sa.create_engine(db.url()), "SELECT COUNT(*) FROM jobs")
+        assert jobs[0] == 11
+    finally:
+        drop_database(live.settings.db, db.name)
+
+
+def test_a_failing_lane_process_fails_the_replay_with_its_error(live: Live) -> None:
+    marks = asyncio.run(high_watermarks(live.settings.log, PROJECTED_TOPICS))
+    missing = msgspec.structs.replace(live.settings.db, name="hs_no_such_database")
+    target = SinkTarget(missing, projector_consumer(live.settings.log))
+    with pytest.raises(sa.exc.OperationalError, match="Unknown database"):
+        asyncio.run(replay_processes(live.settings.log, target,
+                                     spans({}, marks, PROJECTED_TOPICS), processes=2))
+
+
+def test_a_lane_process_that_dies_fails_the_replay(live: Live,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    marks = asyncio.run(high_watermarks(live.settings.log, PROJECTED_TOPICS))
+    target = SinkTarget(live.settings.db, projector_consumer(live.settings.log))
+    # A lane that exits without a word, as a killed process would (the replay's own entry
+    # point is replaced by one that only exits; spawned processes import it by name).
+    monkeypatch.setattr(replay_module, "_lane_process", _exit_at_once)
+    with pytest.raises(ReplayError, match=r"replay-lane-\d exited with code 3"):
+        asyncio.run(replay_processes(live.settings.log, target,
+                                     spans({}, marks, PROJECTED_TOPICS), processes=2))
 
 
 def test_the_command_exits_zero_and_keeps_the_database_when_asked(live: Live) -> None:
