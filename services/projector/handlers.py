@@ -123,13 +123,23 @@ _JOB_ROWS = _t(
     "b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
     "WHERE j.batch_id = :b AND u.committed AND j.job_id IN :ids", "ids")
-_ATTEMPT_ROWS = _t(
+# Windows of ids are loaded by key range, not by IN lists: rendering and parsing 512 ids per
+# query made these reads cost ~4 ms each (measured), the range ~0.3 ms. Every range is served by
+# a primary key or index led by (batch_id, the job id column).
+_JOB_RANGE = sa.text(
+    "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
+    "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.n_pending_parents, b.user, "
+    "b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
+    "WHERE j.batch_id = :b AND u.committed AND j.job_id BETWEEN :lo AND :hi")
+_ATTEMPT_RANGE = sa.text(
     "SELECT a.job_id, a.attempt_id, a.start_time_ms, a.rollup_time_ms, a.end_time_ms, "
     "r.resource, r.quantity FROM attempts a LEFT JOIN attempt_resources r "
     "ON r.batch_id = a.batch_id AND r.job_id = a.job_id AND r.attempt_id = a.attempt_id "
-    "WHERE a.batch_id = :b AND a.job_id IN :ids", "ids")
-_CHILD_EDGES = _t(
-    "SELECT parent_id, job_id FROM job_parents WHERE batch_id = :b AND parent_id IN :ids", "ids")
+    "WHERE a.batch_id = :b AND a.job_id BETWEEN :lo AND :hi")
+_CHILD_RANGE = sa.text(
+    "SELECT parent_id, job_id FROM job_parents WHERE batch_id = :b "
+    "AND parent_id BETWEEN :lo AND :hi")
 _LOAD_CHUNK = 5_000
 _LOAD_WINDOW = 512
 _GROUP_PROGRESS = _t(
@@ -412,40 +422,51 @@ class Handler:
         """Rows, attempts and children of ``wanted`` and of the jobs beside them: the whole
         window of ``_LOAD_WINDOW`` ids around each (a batch runs roughly in id order, so its
         next jobs' first events need no reads of their own). Ids with no committed job are
-        cached as None: any event that could commit one drops the batch's cache."""
+        cached as None: any event that could commit one drops the batch's cache. Windows
+        already loaded are not read again, and what a range returns of loaded jobs is ignored
+        (the cache is as new as the database)."""
         windows = sorted({j // _LOAD_WINDOW for j in wanted})
         ids = [j for w in windows for j in range(w * _LOAD_WINDOW, (w + 1) * _LOAD_WINDOW)
                if j not in st.loaded]
         for i in range(0, len(ids), _LOAD_CHUNK):
             chunk = ids[i:i + _LOAD_CHUNK]
-            self._rows(b, st, chunk)
-            for j in chunk:
-                st.children[j] = []
-            for r in self._read(_ATTEMPT_ROWS, b=b, ids=chunk):
-                key = (int(r.job_id), str(r.attempt_id))
-                att = st.attempts.get(key)
-                if att is None:
-                    att = st.attempts[key] = AttemptRow(r.start_time_ms, r.rollup_time_ms,
-                                                        r.end_time_ms)
-                if r.resource is not None:
-                    att.resources[str(r.resource)] = int(r.quantity)
-            for parent, child in self._read(_CHILD_EDGES, b=b, ids=chunk):
-                st.children[int(parent)].append(int(child))
+            todo = set(chunk)
+            for lo, hi in _runs(chunk):
+                self._load_range(b, st, lo, hi, todo)
             unknown = sorted({c for j in chunk for c in st.children[j] if c not in st.jobs})
             if unknown:
                 self._rows(b, st, unknown)
             st.loaded.update(chunk)
+
+    def _load_range(self, b: int, st: BatchState, lo: int, hi: int, todo: set[int]) -> None:
+        """Rows, attempts and children of the jobs in ``todo`` with ids in ``[lo, hi]``."""
+        for j in range(lo, hi + 1):
+            if j in todo:
+                st.jobs[j] = None
+                st.children[j] = []
+        for r in self._read(_JOB_RANGE, b=b, lo=lo, hi=hi):
+            if int(r.job_id) in todo:
+                st.jobs[int(r.job_id)] = _job_row(r)
+        for r in self._read(_ATTEMPT_RANGE, b=b, lo=lo, hi=hi):
+            key = (int(r.job_id), str(r.attempt_id))
+            if key[0] not in todo:
+                continue
+            att = st.attempts.get(key)
+            if att is None:
+                att = st.attempts[key] = AttemptRow(r.start_time_ms, r.rollup_time_ms,
+                                                    r.end_time_ms)
+            if r.resource is not None:
+                att.resources[str(r.resource)] = int(r.quantity)
+        for parent, child in self._read(_CHILD_RANGE, b=b, lo=lo, hi=hi):
+            if int(parent) in todo:
+                st.children[int(parent)].append(int(child))
 
     def _rows(self, b: int, st: BatchState, ids: Sequence[int]) -> None:
         """(Re)load job rows only: absent ones are recorded as None (not committed)."""
         for j in ids:
             st.jobs[j] = None
         for r in self._read(_JOB_ROWS, b=b, ids=list(ids)):
-            st.jobs[int(r.job_id)] = JobRow(
-                int(r.job_id), int(r.job_group_id), r.state, bool(r.cancelled),
-                bool(r.always_run), int(r.cores_mcpu), str(r.inst_coll), int(r.n_attempts),
-                int(r.n_max_attempts), r.attempt_id, int(r.n_pending_parents), str(r.user),
-                str(r.billing_project))
+            st.jobs[int(r.job_id)] = _job_row(r)
 
     def _ancestors(self, batch_id: int, group: int) -> list[int]:
         """The group and its ancestors up to 0 (immutable once the group exists)."""
@@ -671,3 +692,22 @@ class Handler:
                                                      "time_completed_ms": now}, {"id": b})])
         if done:  # the outbox rows of what completed, in the same transaction (settle())
             self._done.setdefault(b, []).append((done, self._cancelled_groups(b), now))
+
+
+def _job_row(r: Any) -> JobRow:
+    """A cached job row from a row of ``_JOB_ROWS`` or ``_JOB_RANGE``."""
+    return JobRow(int(r.job_id), int(r.job_group_id), r.state, bool(r.cancelled),
+                  bool(r.always_run), int(r.cores_mcpu), str(r.inst_coll), int(r.n_attempts),
+                  int(r.n_max_attempts), r.attempt_id, int(r.n_pending_parents), str(r.user),
+                  str(r.billing_project))
+
+
+def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted distinct ``ids`` as inclusive ranges of consecutive ids."""
+    out: list[tuple[int, int]] = []
+    for j in ids:
+        if out and j == out[-1][1] + 1:
+            out[-1] = (out[-1][0], j)
+        else:
+            out.append((j, j))
+    return out
