@@ -46,6 +46,7 @@ DEFERRED_KEYS: dict[str, tuple[str, ...]] = {
 """Tables whose single-row updates by primary key are deferred and merged (see above)."""
 MAX_STATEMENT = 1_000_000
 """Characters of one multi-row statement (under any server's max_allowed_packet)."""
+_NO_PARAMETERS = {"no_parameters": True}
 _SMALL_IN = 16
 """An ``UpdateIn`` of at most this many primary keys is deferred as that many row updates; a
 bigger one (a commit's) stays one ``IN`` statement."""
@@ -232,13 +233,12 @@ class Writer:
                        f"ON {on} SET {sets}", params)
 
     def _literal_sql(self, sql: str) -> None:
-        """Run a statement whose values are all literals: on a DB-API cursor without
-        parameters, so nothing reads ``%`` in the values as a placeholder."""
-        cursor = self._conn.connection.cursor()
-        try:
-            cursor.execute(sql)
-        finally:
-            cursor.close()
+        """Run a statement whose values are all literals, with no parameters at all
+        (``no_parameters``: the driver gets ``cursor.execute(sql)``), so nothing reads ``%`` in
+        the values as a placeholder. Through SQLAlchemy, not a raw cursor: its errors must be
+        SQLAlchemy's, which callers classify (a deadlock or a lost server is retried; a raw
+        driver error escaped every retry and stopped the replay, seen in CI)."""
+        self._conn.exec_driver_sql(sql, execution_options=_NO_PARAMETERS)
 
     def _exec(self, sql: str, params: Sequence[Row] | Row) -> None:
         # Straight to the driver: these statements are built here, with placeholders in the

@@ -150,3 +150,22 @@ def test_literals_round_trip(engine: sa.Engine, value: str | None) -> None:
             assert [tuple(r) for r in got] == [(value, short, 1), (value, short, 2)]
         finally:
             trans.rollback()
+
+
+@pytest.mark.parametrize("op", [
+    InsertIgnore("no_such_table", [{"batch_id": B, "job_id": 1}, {"batch_id": B, "job_id": 2}]),
+    Update("attempts", {"no_such_column": 1}, {"batch_id": B, "job_id": 1, "attempt_id": "a"}),
+], ids=["multi-row-insert", "deferred-update"])
+def test_driver_errors_of_literal_statements_are_sqlalchemy_errors(engine: sa.Engine,
+                                                                    op: Op) -> None:
+    """Callers retry by SQLAlchemy's error classes (a deadlock, a lost server): a statement
+    with literal values must not raise the driver's own exceptions past them."""
+    with engine.connect() as conn:
+        writer = Writer(conn)
+        writer.emit([op])
+        if isinstance(op, Update):  # two rows with these columns: one literal statement
+            writer.emit([Update("attempts", {"no_such_column": 2},
+                                {"batch_id": B, "job_id": 2, "attempt_id": "a"})])
+        with pytest.raises(sa.exc.DBAPIError, match=r"1146|1054"):
+            writer.flush()
+        conn.rollback()
