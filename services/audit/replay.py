@@ -18,7 +18,10 @@ import asyncio
 import multiprocessing
 import pickle
 import queue as queues
+import random
+import sys
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from multiprocessing.process import BaseProcess
@@ -298,7 +301,11 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequenc
                   ) -> None:
     """A lane process: replay ``todo`` into ``target``, reporting progress, then its stats or
     its error, on ``outbox``."""
-    engine = sa.create_engine(target.db.url(), pool_size=2, max_overflow=1)
+    # READ COMMITTED: lanes insert rows of different batches side by side, and REPEATABLE
+    # READ's gap locks made such inserts deadlock (seen in CI). A lane's partitions have no
+    # other writer, and every transaction still reads its own writes.
+    engine = sa.create_engine(target.db.url(), pool_size=2, max_overflow=1,
+                              isolation_level="READ COMMITTED")
     try:
         stats = ReplayStats()
         sink = Sink(engine, consumer=target.consumer)
@@ -306,6 +313,8 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequenc
                           lambda span, n: outbox.put(("progress", lane, span, n))))
         outbox.put(("done", lane, stats))
     except BaseException as e:  # the process's top level: the parent raises it
+        # Where it failed stays here: what crosses to the parent is the exception alone.
+        traceback.print_exc(file=sys.stderr)
         payload: bytes | str = f"{type(e).__name__}: {e}"
         try:
             pickled = pickle.dumps(e)
@@ -321,10 +330,12 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequenc
 _DEADLOCK, _LOCK_WAIT_TIMEOUT = 1213, 1205
 
 
-def _apply(sink: Sink, records: list[Record], attempts: int = 5) -> Applied:
+def _apply(sink: Sink, records: list[Record], attempts: int = 12) -> Applied:
     """Apply, retrying a transaction the server rolled back for a deadlock between lanes.
 
-    Retrying is safe: the offsets are stored with the rows, so nothing is applied twice.
+    Retrying is safe: the offsets are stored with the rows, so nothing is applied twice. The
+    waits are random and growing: two lanes that deadlocked would otherwise retry in step and
+    meet again.
     """
     for attempt in range(attempts):
         try:
@@ -333,7 +344,7 @@ def _apply(sink: Sink, records: list[Record], attempts: int = 5) -> Applied:
             code = e.orig.args[0] if e.orig is not None and e.orig.args else None
             if code not in (_DEADLOCK, _LOCK_WAIT_TIMEOUT) or attempt == attempts - 1:
                 raise
-            time.sleep(0.05 * (attempt + 1))
+            time.sleep(random.uniform(0.02, 0.1) * 2 ** min(attempt, 5))
     raise AssertionError("unreachable")
 
 
