@@ -139,15 +139,15 @@ async def _publish(log: LogSettings, events: list[AnyEvent], chunk: int = 5_000)
 
 
 async def _replay(log: LogSettings, db: DatabaseSettings, engine: sa.Engine, batch_size: int,
-                  lanes: int) -> ReplayStats:
+                  lanes: int, bulk: bool) -> ReplayStats:
     """As the rebuild replays: one lane in this process, or a process per lane."""
     marks = await high_watermarks(log, PROJECTED_TOPICS)
     todo = spans({}, marks, PROJECTED_TOPICS)
     if lanes > 1:
         return await replay_processes(log, SinkTarget(db, projector_consumer(log)), todo,
-                                      batch_size=batch_size, processes=lanes)
+                                      batch_size=batch_size, processes=lanes, bulk=bulk)
     sink = Sink(engine, consumer=projector_consumer(log))
-    return await replay(log, sink, todo, batch_size=batch_size)
+    return await replay(log, sink, todo, batch_size=batch_size, bulk=bulk)
 
 
 async def _read_floor(log: LogSettings) -> tuple[int, float]:
@@ -234,6 +234,7 @@ def _figures(stats: ReplayStats, lanes: int) -> dict[str, Any]:
         "sink_share": round(stats.apply_s / busy, 3) if busy else 0,
         "waiting_for_log_share": round(stats.wait_s / busy, 3) if busy else 0,
         "transactions": stats.transactions,
+        "folded_share": round(stats.folded / stats.events, 3) if stats.events else 0,
     }
 
 
@@ -241,15 +242,20 @@ DEFAULT_LANES = audit_cli.DEFAULT_LANES
 """The rebuild's default (``python -m services.audit rebuild``): two lane processes per core."""
 
 
-def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
-        replay_batch: int = 5_000, lanes: tuple[int, ...] = (DEFAULT_LANES, 1),
-        marker: bytes = b"") -> dict[str, Any]:
-    """Publish a generated log, then replay it once per entry of ``lanes`` (fresh databases).
+MODES: tuple[tuple[int, bool], ...] = ((DEFAULT_LANES, True), (1, True), (DEFAULT_LANES, False))
+"""(lanes, bulk) of each replay: the rebuild's default first, then one bulk lane, then the
+default lanes through the sink alone (as the rebuild ran before bulk lanes)."""
 
-    Figures named ``replay_*`` are the rebuild's default (two lane processes per core, the figure
-    the target judges); ``replay_<n>_lanes_*`` the other entries, ``replay_1_lanes_*`` one lane
-    in this process. ``marker``: a string in the environment of the broker's processes, to
-    count their CPU.
+
+def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
+        replay_batch: int = 5_000, modes: tuple[tuple[int, bool], ...] = MODES,
+        marker: bytes = b"") -> dict[str, Any]:
+    """Publish a generated log, then replay it once per entry of ``modes`` (fresh databases).
+
+    Figures named ``replay_*`` are the rebuild's default (bulk lanes, two lane processes per
+    core: the figure the target judges); ``replay_<n>_lanes_*`` the other entries (``_sink``:
+    without bulk folding), ``replay_1_lanes_*`` one lane in this process. ``marker``: a string
+    in the environment of the broker's processes, to count their CPU.
     """
     settings = load_settings()
     log = msgspec.structs.replace(settings.log, bootstrap_servers=bootstrap,
@@ -266,7 +272,7 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
         read, read_s = asyncio.run(_read_floor(log))
         out |= {"log_read_decode_events_per_s": round(read / read_s),
                 "log_read_cpu_ms_per_event": window.stop(read, unit="event")["cpu_ms_per_event"]}
-        for n in lanes:
+        for n, bulk in modes:
             db = msgspec.structs.replace(settings.db,
                                          name=f"hs_bench_replay_{uuid.uuid4().hex[:8]}")
             apply_migrations(db)
@@ -276,12 +282,12 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
                                 children_as="replay (projector sink)")
             window.start()
             try:
-                stats = asyncio.run(_replay(log, db, engine, replay_batch, n))
+                stats = asyncio.run(_replay(log, db, engine, replay_batch, n, bulk))
                 spent = window.stop(len(events), unit="event")
                 with engine.connect() as conn:
                     done = conn.execute(sa.text("SELECT COUNT(*) FROM jobs WHERE state IN "
                                                 "('Success', 'Failed')")).scalar()
-                if n == lanes[0]:
+                if (n, bulk) == modes[0]:
                     out |= _copy_floor(settings.db, db.name, len(events))
             finally:
                 engine.dispose()
@@ -290,9 +296,10 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
                     conn.exec_driver_sql(f"DROP DATABASE IF EXISTS `{db.name}`")
             if done != n_jobs:
                 raise AssertionError(f"the replay ended {done} of {n_jobs} jobs")
-            prefix = "replay" if n == lanes[0] else f"replay_{n}_lanes"
+            prefix = ("replay" if (n, bulk) == modes[0]
+                      else f"replay_{n}_lanes" + ("" if bulk else "_sink"))
             out |= {f"{prefix}_{k}": v for k, v in (_figures(stats, n) | spent).items()}
-            if n == lanes[0]:
+            if (n, bulk) == modes[0]:
                 out["replay_lanes"] = n
                 out["write_statements_per_event"] = round(stats.statements / stats.events, 2)
         return out

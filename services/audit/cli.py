@@ -4,8 +4,9 @@
 log, one line each (position, time, tag, key fields) or as JSON lines (whole envelopes). Exit 1
 if the batch or job is not on the log.
 
-``rebuild [--database NAME] [--keep] [--wait-s S] [--lanes N]`` replays the log into a fresh
-database (two lane processes per core by default) and diffs it against the live one (see
+``rebuild [--database NAME] [--keep] [--wait-s S] [--lanes N] [--no-bulk]`` replays the log
+into a fresh database (two lane processes per core by default, batches of the common lifecycle
+folded whole: :mod:`services.audit.bulk`) and diffs it against the live one (see
 :mod:`services.audit.rebuild`): every difference is printed on stdout, progress on stderr. Exit 0
 with no difference, 1 with differences, 2 when the audit could not run (the target exists, the
 live projector lags too far behind, the log is unreachable).
@@ -133,12 +134,15 @@ def rebuild_command(
         help="Partitions replayed at the same time, each lane a process of its own "
              "(1: one after the other, in this process). Default: two per core.", min=1)]
     = DEFAULT_LANES,
+    bulk: Annotated[bool, typer.Option(
+        help="Fold each batch of the common lifecycle at once, writing its rows once in their "
+             "final state; --no-bulk: every event through the projector's sink.")] = True,
 ) -> None:
     """Replay the log into a fresh database and diff it against the live projections."""
     settings = load_settings()
     reporter = RichReporter()
     options = RebuildOptions(database=database, keep=keep, wait_s=wait_s,
-                             batch_size=batch_size, lanes=lanes)
+                             batch_size=batch_size, lanes=lanes, bulk=bulk)
     try:
         result = asyncio.run(rebuild(settings, options, reporter))
     except (AuditError, LogError, KafkaError, DecodeError, ReplayError) as e:

@@ -80,6 +80,8 @@ class RebuildOptions:
     lanes: int = 1
     """Partitions replayed at the same time, each lane in a process of its own when more than
     one (each partition stays in one lane, in order)."""
+    bulk: bool = True
+    """Fold batches of the common lifecycle a batch at a time (:mod:`services.audit.bulk`)."""
 
 
 @dataclass
@@ -211,10 +213,11 @@ async def rebuild(settings: Settings, options: RebuildOptions | None = None,
             if options.lanes > 1:
                 stats = await replay_processes(
                     settings.log, SinkTarget(rebuilt_db, consumer), todo,
-                    batch_size=options.batch_size, processes=options.lanes, progress=progress)
+                    batch_size=options.batch_size, processes=options.lanes, progress=progress,
+                    bulk=options.bulk)
             else:
                 stats = await replay(settings.log, sink, todo, batch_size=options.batch_size,
-                                     progress=progress)
+                                     progress=progress, bulk=options.bulk)
         finally:
             reporter.done_replaying()
         reporter.message(f"replayed {stats.events} events in {stats.wall_s:.1f} s "

@@ -25,7 +25,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from multiprocessing.process import BaseProcess
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 
@@ -35,6 +35,8 @@ from services.audit.logread import PartitionReader
 from services.common.log import Record
 from services.common.settings import DatabaseSettings, LogSettings
 from services.projector.sink import Applied, Sink
+
+T = TypeVar("T")
 
 BATCH_SIZE = 5_000
 """Records per sink transaction (the live projector takes up to 2,000 at a time)."""
@@ -71,6 +73,9 @@ class ReplayStats:
     """In the sink: handlers, SQL and commits."""
     decode_s: float = 0.0
     """Decoding envelopes (in the reader, overlapping the sink)."""
+    folded: int = 0
+    """Events folded a batch at a time by a bulk lane (:mod:`services.audit.bulk`), not by the
+    sink; counted in ``events`` too."""
     wait_s: float = 0.0
     """The sink waiting for the reader: time the log, not the database, was the bottleneck."""
 
@@ -126,7 +131,7 @@ def lanes_of(todo: Sequence[Span], n: int) -> list[list[Span]]:
 
 async def replay(log: LogSettings, sink: Sink, todo: Sequence[Span], *,
                  batch_size: int = BATCH_SIZE, lanes: int = 1,
-                 progress: Progress | None = None) -> ReplayStats:
+                 progress: Progress | None = None, bulk: bool = False) -> ReplayStats:
     """Apply every record of ``todo`` through ``sink``, span after span.
 
     With ``lanes`` > 1, that many partitions are replayed at the same time, each in its own
@@ -139,10 +144,20 @@ async def replay(log: LogSettings, sink: Sink, todo: Sequence[Span], *,
     """
     stats = ReplayStats()
     t0 = time.perf_counter()
-    await asyncio.gather(*(_lane(log, sink, spans, stats, batch_size, progress)
+    await asyncio.gather(*(_run_lane(log, sink, spans, stats, batch_size, progress, bulk)
                            for spans in lanes_of(todo, lanes)))
     stats.wall_s = time.perf_counter() - t0
     return stats
+
+
+async def _run_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
+                    batch_size: int, progress: Progress | None, bulk: bool) -> None:
+    if bulk:
+        from services.audit.bulk import bulk_lane  # it builds on this module
+
+        await bulk_lane(log, sink, todo, stats, batch_size, progress)
+    else:
+        await _lane(log, sink, todo, stats, batch_size, progress)
 
 
 async def _lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
@@ -158,7 +173,8 @@ async def _lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: Repla
                                                       span.end):
                         t = time.perf_counter()
                         pending += [Record(span.topic, span.partition, m.offset,
-                                           _decode(span, m.offset, m.value)) for m in messages]
+                                           decode_record(span, m.offset, m.value))
+                                    for m in messages]
                         stats.decode_s += time.perf_counter() - t
                         if len(pending) >= batch_size:
                             await queue.put((span, pending))
@@ -182,7 +198,7 @@ async def _lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: Repla
                 break
             span, records = item
             t = time.perf_counter()
-            applied = await asyncio.to_thread(_apply, sink, records)
+            applied = await asyncio.to_thread(apply_retrying, sink, records)
             stats.apply_s += time.perf_counter() - t
             stats.statements += applied.statements
             stats.events += len(records)
@@ -218,12 +234,13 @@ _POLL_S = 0.2
 
 async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[Span], *,
                            batch_size: int = BATCH_SIZE, processes: int = 2,
-                           progress: Progress | None = None) -> ReplayStats:
+                           progress: Progress | None = None, bulk: bool = False
+                           ) -> ReplayStats:
     """Apply every record of ``todo``, the partitions spread over ``processes`` lane processes.
 
     Each process replays its lane as :func:`replay` does with one lane, into ``target`` through
-    a sink of its own. If a process fails, the others are stopped and its error is raised here
-    (re-raised as the same exception when it can be sent across, else as
+    a sink of its own (in bulk, with ``bulk``). If a process fails, the others are stopped and
+    its error is raised here (re-raised as the same exception when it can be sent across, else as
     :class:`ReplayError`); what the lanes committed stays committed, with its offsets, so a
     replay into the same database resumes where they stopped.
     """
@@ -235,7 +252,7 @@ async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and loops
     inbox: multiprocessing.queues.Queue[tuple[Any, ...]] = ctx.Queue()
     procs = [ctx.Process(target=_lane_process, name=f"replay-lane-{i}", daemon=True,
-                         args=(i, log, target, lane, batch_size, inbox))
+                         args=(i, log, target, lane, batch_size, inbox, bulk))
              for i, lane in enumerate(plan)]
     for p in procs:
         p.start()
@@ -297,8 +314,8 @@ def _unpickled_error(name: str, payload: bytes | str) -> BaseException:
 
 
 def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequence[Span],
-                  batch_size: int, outbox: multiprocessing.queues.Queue[tuple[Any, ...]]
-                  ) -> None:
+                  batch_size: int, outbox: multiprocessing.queues.Queue[tuple[Any, ...]],
+                  bulk: bool = False) -> None:
     """A lane process: replay ``todo`` into ``target``, reporting progress, then its stats or
     its error, on ``outbox``."""
     # READ COMMITTED: lanes insert rows of different batches side by side, and REPEATABLE
@@ -309,8 +326,8 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequenc
     try:
         stats = ReplayStats()
         sink = Sink(engine, consumer=target.consumer)
-        asyncio.run(_lane(log, sink, todo, stats, batch_size,
-                          lambda span, n: outbox.put(("progress", lane, span, n))))
+        asyncio.run(_run_lane(log, sink, todo, stats, batch_size,
+                              lambda span, n: outbox.put(("progress", lane, span, n)), bulk))
         outbox.put(("done", lane, stats))
     except BaseException as e:  # the process's top level: the parent raises it
         # Where it failed stays here: what crosses to the parent is the exception alone.
@@ -330,16 +347,23 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequenc
 _DEADLOCK, _LOCK_WAIT_TIMEOUT = 1213, 1205
 
 
-def _apply(sink: Sink, records: list[Record], attempts: int = 12) -> Applied:
+def apply_retrying(sink: Sink, records: list[Record], attempts: int = 12) -> Applied:
     """Apply, retrying a transaction the server rolled back for a deadlock between lanes.
 
-    Retrying is safe: the offsets are stored with the rows, so nothing is applied twice. The
-    waits are random and growing: two lanes that deadlocked would otherwise retry in step and
-    meet again.
+    Retrying is safe: the offsets are stored with the rows, so nothing is applied twice.
+    """
+    return retry_deadlocks(lambda: sink.apply(records), attempts)
+
+
+def retry_deadlocks(transaction: Callable[[], T], attempts: int = 12) -> T:
+    """Run ``transaction``, again after a deadlock or lock wait timeout rolled it back.
+
+    The waits are random and growing: two lanes that deadlocked would otherwise retry in step
+    and meet again.
     """
     for attempt in range(attempts):
         try:
-            return sink.apply(records)
+            return transaction()
         except sa.exc.OperationalError as e:
             code = e.orig.args[0] if e.orig is not None and e.orig.args else None
             if code not in (_DEADLOCK, _LOCK_WAIT_TIMEOUT) or attempt == attempts - 1:
@@ -348,7 +372,7 @@ def _apply(sink: Sink, records: list[Record], attempts: int = 12) -> Applied:
     raise AssertionError("unreachable")
 
 
-def _decode(span: Span, offset: int, value: bytes) -> Envelope:
+def decode_record(span: Span, offset: int, value: bytes) -> Envelope:
     try:
         return codec.decode(value)
     except codec.DecodeError as e:

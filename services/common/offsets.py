@@ -80,3 +80,12 @@ class MySQLOffsetStore:
                 for (t, p), o in ends.items()
             ])
             return len(fresh), result
+
+    def set_position(self, conn: sa.Connection, consumer: str, topic: str, partition: int,
+                     next_offset: int) -> None:
+        """Store ``next_offset`` as ``consumer``'s position on one partition, on ``conn`` (in
+        the caller's transaction): for a writer that applied the records another way."""
+        now = time.time_ns() // 1_000_000
+        key = {"consumer": consumer, "topic": topic, "partition": partition}
+        conn.execute(_ENSURE, {**key, "now": now})
+        conn.execute(_SAVE, {**key, "next_offset": next_offset, "now": now})

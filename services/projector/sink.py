@@ -41,6 +41,7 @@ class Sink:
     def __init__(self, engine: sa.Engine, consumer: str, *,
                  max_cached_jobs: int = DEFAULT_MAX_JOBS) -> None:
         self._store = MySQLOffsetStore(engine)
+        self.engine = engine
         self.consumer = consumer
         self._max_cached_jobs = max_cached_jobs
         # What each partition's handlers keep between transactions (services/projector/

@@ -1,0 +1,385 @@
+"""A whole batch's history folded at once, in memory: the rebuild's fast path.
+
+The projector folds the log event by event, reading back what earlier events wrote and
+writing every state change (:mod:`services.projector.handlers`). A rebuild sees a batch's whole
+history before it writes anything, so for the common lifecycle it can write each row once, in
+its final state, and each counter once, as the sum of its movements:
+
+    BatchCreated, UpdateOpened, JobsSubmitted..., UpdateCommitted, then SJ / MJS / MJC /
+    heartbeats of the update's jobs, in any order and with duplicates
+
+:func:`fold_batch` folds such a history into row operations; any other history (more than one
+update, job groups, cancellations, lost attempts, execution events before the commit or of
+unknown jobs, ...) gives None, and the caller folds that batch through the projector's sink.
+
+The rules are the handlers' rules, state change by state change, on plain rows: the same pure
+functions decide the initial states and the commit (:mod:`core.projection.fold`,
+:mod:`core.projection.commit`), counter movements (:func:`core.projection.execution.move`) and
+billing (:func:`core.billing.billable`, :func:`core.billing.usage`, :func:`core.billing.by_day`).
+What differs is only the bookkeeping: a counter movement is counted by what it depends on (the
+job's group, pool, cores, flags and the two states) and expanded into increments once per
+distinct movement, and billed usage is summed per resource before it becomes increments. The
+rebuild's audit diff compares the result with the live projection.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.billing import billable, by_day, usage
+from core.completions import completion_ops
+from core.projection import billing
+from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
+from core.projection.counters import JOB_COUNTS
+from core.projection.execution import JobFacts, move
+from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
+from core.projection.instances import RATE_KINDS, minute_of
+from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
+from schemas.base import AttemptResource, BatchEvent, JobState
+from schemas.batch import BatchCreated, JobsSubmitted, UpdateCommitted, UpdateOpened
+from schemas.execution import AttemptHeartbeat, JobCompleted, JobScheduled, JobStarted
+
+_COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
+_JOB_DEFAULTS: dict[str, Any] = {
+    "cancelled": False, "cancel_reason": None, "exit_code": None, "attempt_id": None,
+    "instance_name": None, "start_time_ms": None, "end_time_ms": None, "status": None,
+    "n_attempts": 0}
+"""Columns of ``jobs`` that execution sets, at their table defaults (every row gets all)."""
+
+Timed = tuple[BatchEvent, int]
+"""An event and its envelope's time (ms)."""
+
+
+@dataclass(slots=True)
+class _Attempt:
+    row: dict[str, Any]
+    resources: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Job:
+    row: dict[str, Any]
+    """The ``jobs`` row being written (final values once the fold ends)."""
+    children: list[int] = field(default_factory=list)
+
+
+class _Fold:
+    """One batch's fold: rows by key, movements and usage summed, then operations."""
+
+    def __init__(self, created: BatchCreated, time_ms: int, token: int) -> None:
+        self.b = created.batch_id
+        self.created = created
+        self.token = token
+        self.ops: list[Op] = fold_batch_created(created, time_ms)
+        self.batch_row = _row_of(self.ops, "batches")
+        self.group_row = _row_of(self.ops, "job_groups")
+        self.update: UpdateOpened | None = None
+        self.update_row: dict[str, Any] | None = None
+        self.committed = False
+        self.jobs: dict[int, _Job] = {}
+        self.bunches: list[Op] = []
+        self.attempts: dict[tuple[int, str], _Attempt] = {}
+        self.attempt_resources: list[Row] = []
+        # (job group, pool, cores, always_run, cancelled, old, new) -> how many jobs moved so.
+        self.moves: dict[tuple[int, str, int, bool, bool, JobState, JobState], int] = {}
+        self.job_usage: dict[tuple[int, str], int] = {}
+        self.usage: dict[str, int] = {}
+        self.usage_by_day: dict[tuple[str, str], int] = {}
+        self.rates: dict[tuple[int, str], int] = {}
+        self.n_jobs = 0
+        self.n_completed = 0
+        self.done_at: int | None = None
+
+    # --- submission ---------------------------------------------------------------------
+    def opened(self, event: UpdateOpened, time_ms: int) -> bool:
+        if self.update is not None:
+            return False
+        self.update = event
+        ops = fold_update_opened(event, time_ms)
+        self.update_row = _row_of(ops, "batch_updates")
+        self.ops += ops
+        return True
+
+    def submitted(self, event: JobsSubmitted) -> bool:
+        if self.update is None or event.update_id != self.update.update_id:
+            return False
+        if self.committed:
+            return True  # a client's retry after the commit: its jobs were all in
+        new = [j for j in event.jobs if j.job_id not in self.jobs]
+        if not new:
+            return True
+        ops = fold_jobs(event, new)
+        rows = _rows_of(ops, "jobs")
+        for j, row in zip(new, rows, strict=True):
+            row.update(_JOB_DEFAULTS)
+            self.jobs[j.job_id] = _Job(row)
+        self.bunches += ops
+        self.ops += stage_jobs(self.b, event.update_id, [
+            StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
+                      len(j.parent_ids)) for j in new])
+        for j in new:
+            if len(set(j.parent_ids)) != len(j.parent_ids):
+                return False  # one edge per parent in job_parents, but every id counted
+            for p in j.parent_ids:
+                parent = self.jobs.get(p)
+                if parent is None:
+                    return False  # a parent outside the update: not this path's history
+                parent.children.append(j.job_id)
+        return True
+
+    def commit(self, event: UpdateCommitted, time_ms: int) -> bool:
+        if self.update is None or event.update_id != self.update.update_id:
+            return False
+        if self.committed:
+            return True  # a duplicate request
+        self.committed = True
+        staged: dict[tuple[int, str], list[int]] = {}
+        for job in self.jobs.values():
+            row = job.row
+            counts = staged.setdefault((row["job_group_id"], row["inst_coll"]), [0, 0, 0, 0, 0])
+            counts[0] += 1
+            if not row["n_pending_parents"]:
+                counts[1] += 1
+                counts[2] += row["cores_mcpu"]
+                if row["always_run"]:
+                    counts[3] += 1
+                    counts[4] += row["cores_mcpu"]
+        if any(g != 0 for g, _ in staged):
+            return False  # jobs in groups the batch does not have: not this path's history
+        plan = plan_commit(
+            batch=BatchBefore(self.b, self.created.user, 0, 0, None),
+            staged=[StagedCounts(g, ic, *c) for (g, ic), c in sorted(staged.items())],
+            resolved=[], cancelled_groups=frozenset(), ancestors={0: [0]}, update_groups=[],
+            token=self.token, now_ms=time_ms)
+        self.ops += plan.increments
+        self.batch_row.update(plan.batch.values)
+        for group in plan.groups:
+            self.group_row.update(group.values)
+        assert self.update_row is not None
+        self.update_row.update(committed=True, time_committed_ms=time_ms)
+        self.n_jobs = len(self.jobs)
+        if self.n_jobs == 0:
+            self.done_at = time_ms
+        return True
+
+    # --- execution ----------------------------------------------------------------------
+    def execute(self, event: JobScheduled | JobStarted | JobCompleted | AttemptHeartbeat,
+                time_ms: int) -> bool:
+        job = self.jobs.get(event.job_id)
+        if not self.committed or job is None:
+            return False
+        kind = RATE_KINDS.get(type(event))
+        if kind is not None:
+            key = (minute_of(time_ms), kind)
+            self.rates[key] = self.rates.get(key, 0) + 1
+        match event:
+            case JobScheduled() | JobStarted():
+                self._start(job, event)
+            case JobCompleted():
+                self._completed(job, event, time_ms)
+            case AttemptHeartbeat():
+                self._bill(job, event.attempt_id, event.rollup_time_ms)
+        return True
+
+    def _attempt(self, job_id: int, attempt_id: str, instance: str,
+                 resources: Sequence[AttemptResource]) -> _Attempt:
+        att = self.attempts.get((job_id, attempt_id))
+        if att is None:
+            att = self.attempts[(job_id, attempt_id)] = _Attempt({
+                "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
+                "instance_name": instance, "start_time_ms": None, "end_time_ms": None,
+                "rollup_time_ms": None, "reason": None})
+        for r in resources:
+            if r.resource not in att.resources:
+                att.resources[r.resource] = r.quantity
+                self.attempt_resources.append({
+                    "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
+                    "resource": r.resource, "quantity": r.quantity})
+        return att
+
+    def _move(self, row: dict[str, Any], old: JobState, new: JobState) -> None:
+        cancelled = not row["always_run"] and row["cancelled"]
+        key = (row["job_group_id"], row["inst_coll"], row["cores_mcpu"], row["always_run"],
+               cancelled, old, new)
+        self.moves[key] = self.moves.get(key, 0) + 1
+
+    def _start(self, job: _Job, event: JobScheduled | JobStarted) -> None:
+        row = job.row
+        att = self._attempt(row["job_id"], event.attempt_id, event.instance_name,
+                            event.resources)
+        started = event.start_time_ms if isinstance(event, JobStarted) else None
+        if started is not None:
+            att.row["start_time_ms"] = started
+        moved = False
+        if row["state"] in ("Ready", "Creating"):
+            self._move(row, row["state"], "Running")
+            row.update(state="Running", attempt_id=event.attempt_id,
+                       instance_name=event.instance_name, n_attempts=row["n_attempts"] + 1)
+            moved = True
+        if started is not None and (moved or row["attempt_id"] == event.attempt_id):
+            row["start_time_ms"] = started
+
+    def _completed(self, job: _Job, event: JobCompleted, time_ms: int) -> None:
+        row = job.row
+        att = self._attempt(row["job_id"], event.attempt_id, event.instance_name,
+                            event.resources)
+        self._bill(job, event.attempt_id, event.end_time_ms, start_ms=event.start_time_ms,
+                   end_ms=event.end_time_ms)
+        att.row["start_time_ms"] = event.start_time_ms
+        att.row["end_time_ms"] = event.end_time_ms
+        if row["state"] in _COMPLETE:
+            return
+        self._end(job, event.state, time_ms)
+        row.update(exit_code=event.exit_code, status=event.status,
+                   start_time_ms=event.start_time_ms, end_time_ms=event.end_time_ms,
+                   attempt_id=event.attempt_id, instance_name=event.instance_name)
+
+    def _bill(self, job: _Job, attempt_id: str, to_ms: int, *, start_ms: int | None = None,
+              end_ms: int | None = None) -> None:
+        att = self.attempts.get((job.row["job_id"], attempt_id))
+        if att is None or not att.resources:
+            return
+        a = att.row
+        start = a["start_time_ms"] if a["start_time_ms"] is not None else start_ms
+        end = a["end_time_ms"] if a["end_time_ms"] is not None else end_ms
+        interval = billable(start, a["rollup_time_ms"], end, to_ms)
+        if interval is None:
+            return
+        resources = [AttemptResource(resource=r, quantity=q) for r, q in att.resources.items()]
+        j = job.row["job_id"]
+        for resource, amount in usage(resources, *interval).items():
+            self.job_usage[(j, resource)] = self.job_usage.get((j, resource), 0) + amount
+            self.usage[resource] = self.usage.get(resource, 0) + amount
+        for day, lo, hi in by_day(*interval):
+            for resource, amount in usage(resources, lo, hi).items():
+                key = (day.isoformat(), resource)
+                self.usage_by_day[key] = self.usage_by_day.get(key, 0) + amount
+        a["rollup_time_ms"] = interval[1]
+
+    def _end(self, job: _Job, state: JobState, time_ms: int) -> None:
+        row = job.row
+        self._move(row, row["state"], state)
+        row["state"] = state
+        self.n_completed += 1
+        failed = state != "Success"
+        for c in job.children:
+            child = self.jobs[c].row
+            if child["state"] != "Pending":
+                continue
+            flag = failed and not child["always_run"]
+            pending = max(0, child["n_pending_parents"] - 1)
+            new: JobState = "Ready" if pending == 0 else "Pending"
+            if flag:
+                child.update(cancelled=True, cancel_reason="parent_failed")
+            self._move(child, "Pending", new)
+            child.update(n_pending_parents=pending, state=new)
+        if self.n_completed == self.n_jobs and self.done_at is None:
+            self.done_at = time_ms
+
+    # --- output -------------------------------------------------------------------------
+    def finish(self) -> list[Op]:
+        acc = Increments()
+        for inc in self.ops:
+            if isinstance(inc, Increment):
+                acc.add(inc)
+        ops: list[Op] = [op for op in self.ops if not isinstance(op, Increment)]
+        ops += self.bunches
+        user = self.created.user
+        for (g, ic, cores, always_run, cancelled, old, new), n in self.moves.items():
+            facts = JobFacts(self.b, 0, g, user, ic, cores, always_run, cancelled)
+            for inc in move(facts, old, new, [0], self.token):
+                acc.add(Increment(inc.table, inc.key, {c: d * n for c, d in inc.deltas.items()}))
+        if self.attempts:
+            ops.append(InsertIgnore("attempts", [a.row for a in self.attempts.values()]))
+        if self.attempt_resources:
+            ops.append(InsertIgnore("attempt_resources", self.attempt_resources))
+        for (j, resource), amount in self.job_usage.items():
+            acc.add(Increment(billing.JOB, {"batch_id": self.b, "job_id": j,
+                                            "resource": resource}, {"resource_usage": amount}))
+        bp, t = self.created.billing_project, self.token
+        for resource, amount in self.usage.items():
+            delta = {"resource_usage": amount}
+            acc.add(Increment(billing.JOB_GROUP, {"batch_id": self.b, "job_group_id": 0,
+                                                  "resource": resource, "token": t}, delta))
+            acc.add(Increment(billing.BATCH, {"batch_id": self.b, "resource": resource,
+                                              "token": t}, delta))
+            acc.add(Increment(billing.BILLING_PROJECT, {"billing_project": bp,
+                                                        "resource": resource, "token": t}, delta))
+            acc.add(Increment(billing.USER, {"user": user, "resource": resource, "token": t},
+                              delta))
+        for (day, resource), amount in self.usage_by_day.items():
+            acc.add(Increment(billing.BILLING_PROJECT_USER_DATE, {
+                "billing_project": bp, "user": user, "usage_date": day, "resource": resource,
+                "token": t}, {"resource_usage": amount}))
+        for (minute, kind), n in self.rates.items():
+            acc.add(Increment("event_rates", {"minute": minute, "kind": kind, "token": t},
+                              {"n": n}))
+        increments = acc.drain()
+        if self.done_at is not None:
+            done = {"state": "complete", "time_completed_ms": self.done_at}
+            self.batch_row.update(done)
+            self.group_row.update(done)
+            totals: dict[str, int] = {}
+            for inc in increments:
+                if inc.table == JOB_COUNTS and inc.key["job_group_id"] == 0:
+                    totals = dict(inc.deltas)
+            ops += completion_ops(self.b, [(0, totals.get("n_jobs", 0),
+                                            totals.get("n_succeeded", 0),
+                                            totals.get("n_failed", 0),
+                                            totals.get("n_cancelled", 0))],
+                                  frozenset(), self.done_at)
+        return ops + list(increments)
+
+
+def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
+    """The operations that project one batch's whole history, or None.
+
+    None: the history is not the common lifecycle this fold covers (see the module docstring).
+
+    Args:
+        events: every event of the batch on its partition, in log order, with their times.
+        token: the partition's counter token.
+
+    """
+    if not events or not isinstance(events[0][0], BatchCreated) or events[0][0].empty:
+        return None
+    created, time_ms = events[0]
+    assert isinstance(created, BatchCreated)
+    fold = _Fold(created, time_ms, token)
+    for event, t in events[1:]:
+        match event:
+            case UpdateOpened():
+                ok = fold.opened(event, t)
+            case JobsSubmitted():
+                ok = fold.submitted(event)
+            case UpdateCommitted():
+                ok = fold.commit(event, t)
+            case JobScheduled() | JobStarted() | JobCompleted() | AttemptHeartbeat():
+                ok = fold.execute(event, t)
+            case _:
+                ok = False
+        if not ok:
+            return None
+    return fold.finish()
+
+
+def _rows_of(ops: Sequence[Op], table: str) -> list[dict[str, Any]]:
+    for op in ops:
+        if isinstance(op, InsertIgnore) and op.table == table:
+            return [_mutable(r) for r in op.rows]
+    raise LookupError(f"no insert into {table}")
+
+
+def _row_of(ops: Sequence[Op], table: str) -> dict[str, Any]:
+    (row,) = _rows_of(ops, table)
+    return row
+
+
+def _mutable(row: Row) -> dict[str, Any]:
+    if not isinstance(row, dict):
+        raise TypeError(f"rows are dicts, not {type(row).__name__}")
+    return row

@@ -1,0 +1,142 @@
+"""The rebuild's bulk lane: whole partitions read first, common batches folded in memory.
+
+A replay through the sink (:mod:`services.audit.replay`) folds event by event, reading back
+what it wrote. Into a fresh database, a lane can instead read a whole partition, fold each
+batch whose history is the common lifecycle at once (:func:`core.projection.bulk.fold_batch`:
+every row written once, in its final state) and send everything else, in log order, through
+the projector's sink: other batches, and the partition's events that belong to no batch.
+
+Batches are independent, and writes that two batches share (fair-share, billing and rate
+counters) are increments, which commute; so the two halves may be written in either order and
+give what the sink alone gives. The audit's diff checks exactly that.
+
+A bulk lane is not resumable: its batches' rows and the partition's position are written in
+separate transactions. It only takes partitions the consumer has applied nothing of (a rebuild
+into a new database; a failed rebuild drops it), and partitions larger than
+:data:`MAX_RECORDS`, which would not fit in memory, go through the sink.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+
+from core.projection.bulk import Timed, fold_batch
+from core.projection.ops import Op
+from schemas.base import BatchEvent
+from services.audit.logread import PartitionReader
+from services.audit.replay import (
+    Progress,
+    ReplayStats,
+    Span,
+    apply_retrying,
+    decode_record,
+    retry_deadlocks,
+)
+from services.common.log import Record
+from services.common.settings import LogSettings
+from services.projector.sink import Sink
+from services.projector.writer import Writer
+
+MAX_RECORDS = 2_000_000
+"""The largest partition a bulk lane holds in memory (about 1 KiB per decoded event)."""
+WRITE_ROWS = 20_000
+"""Rows (about) per transaction of folded batches."""
+
+
+async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
+                    batch_size: int, progress: Progress | None) -> None:
+    """Replay ``todo`` into the sink's database: folded batches in bulk, the rest by ``sink``.
+
+    Spans the consumer applied anything of, and spans too large to hold, go through ``sink``
+    record by record as :func:`services.audit.replay.replay` would.
+    """
+    stored = sink.store.load(sink.consumer, sorted({s.topic for s in todo}))
+    async with PartitionReader(log, max_records=batch_size) as reader:
+        for span in todo:
+            bulk = span.size <= MAX_RECORDS and not stored.get((span.topic, span.partition))
+            records: list[Record] = []
+            async for messages in reader.read(span.topic, span.partition, span.start,
+                                              span.end):
+                t = time.perf_counter()
+                records += [Record(span.topic, span.partition, m.offset,
+                                   decode_record(span, m.offset, m.value)) for m in messages]
+                stats.decode_s += time.perf_counter() - t
+                if not bulk:
+                    _through_sink(sink, span, records, stats, batch_size, progress)
+                    records = []
+            if bulk:
+                _fold_span(sink, span, records, stats, batch_size, progress)
+
+
+def _through_sink(sink: Sink, span: Span, records: list[Record], stats: ReplayStats,
+                  batch_size: int, progress: Progress | None) -> None:
+    for i in range(0, len(records), batch_size):
+        chunk = records[i:i + batch_size]
+        t = time.perf_counter()
+        applied = apply_retrying(sink, chunk)
+        stats.apply_s += time.perf_counter() - t
+        stats.statements += applied.statements
+        stats.events += len(chunk)
+        stats.transactions += 1
+        if progress is not None:
+            progress(span, len(chunk))
+
+
+def _fold_span(sink: Sink, span: Span, records: list[Record],
+               stats: ReplayStats, batch_size: int, progress: Progress | None) -> None:
+    """Fold what can be folded, send the rest through the sink, then store the position."""
+    engine = sink.engine
+    t = time.perf_counter()
+    by_batch: dict[int, list[Record]] = defaultdict(list)
+    rest: list[Record] = []
+    for r in records:
+        event = r.envelope.event
+        if isinstance(event, BatchEvent):
+            by_batch[event.batch_id].append(r)
+        else:
+            rest.append(r)
+    chunk: list[Op] = []
+    rows = folded = 0
+    for batch in by_batch.values():
+        history: list[Timed] = [(r.envelope.event, r.envelope.time_ms)  # type: ignore[misc]
+                                for r in batch]
+        ops = fold_batch(history, token=span.partition)
+        if ops is None:
+            rest += batch
+            continue
+        chunk += ops
+        folded += len(batch)
+        rows += sum(len(getattr(op, "rows", ())) or 1 for op in ops)
+        if rows >= WRITE_ROWS:
+            _write(engine, chunk, stats)
+            chunk, rows = [], 0
+    if chunk:
+        _write(engine, chunk, stats)
+    stats.apply_s += time.perf_counter() - t
+    stats.events += folded
+    stats.folded += folded
+    if progress is not None and folded:
+        progress(span, folded)
+    rest.sort(key=lambda r: r.offset)
+    _through_sink(sink, span, rest, stats, batch_size, progress)
+    with engine.begin() as conn:
+        sink.store.set_position(conn, sink.consumer, span.topic, span.partition, span.end)
+
+
+def _write(engine: sa.Engine, ops: list[Op], stats: ReplayStats) -> None:
+    """Write ``ops`` in one transaction, retried whole if the server rolls it back for a
+    deadlock with another lane."""
+
+    def once() -> int:
+        with engine.begin() as conn:
+            writer = Writer(conn)
+            writer.emit(ops)
+            writer.flush()
+            return writer.statements
+
+    stats.statements += retry_deadlocks(once)
+    stats.transactions += 1

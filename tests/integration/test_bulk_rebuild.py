@@ -1,0 +1,213 @@
+"""The rebuild's bulk lanes project exactly what the projector's sink projects.
+
+One log of varied histories, replayed into three fresh databases: through the sink event by
+event (the reference), by a bulk lane in this process, and by bulk lanes in two processes.
+The audit's table diff must find nothing between the reference and either bulk replay, and the
+bulk replays must have folded the batches their path covers (not sent everything to the sink).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+
+import msgspec
+import pytest
+import sqlalchemy as sa
+
+from core.projection.bulk import fold_batch
+from schemas.base import AttemptResource, BatchEvent
+from schemas.batch import BatchCancelled, JobGroupRecord, JobsSubmitted, UpdateCommitted
+from schemas.control import (
+    BillingProjectCreated,
+    BillingProjectMemberAdded,
+    ResourceRateSet,
+    UserCreated,
+)
+from schemas.events import AnyEvent
+from schemas.execution import AttemptHeartbeat, JobCompleted, JobScheduled, JobStarted
+from services.audit.rebuild import drop_database
+from services.audit.replay import (
+    ReplayStats,
+    SinkTarget,
+    Span,
+    replay,
+    replay_processes,
+    spans,
+)
+from services.audit.tables import Comparison
+from services.common.log import Publisher, bootstrap_topics, high_watermarks
+from services.common.settings import (
+    LOCAL_BROKER_FETCH_MAX_WAIT_MS,
+    DatabaseSettings,
+    LogSettings,
+    load_settings,
+    projector_consumer,
+)
+from services.projector.app import PROJECTED_TOPICS
+from services.projector.sink import Sink
+from sql.migrate import apply_migrations
+
+from .projection_helpers import job, query, submission
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+T0 = 1_767_225_600_000  # midnight UTC: attempts around it bill two days
+RES = [AttemptResource(resource="compute/n1-standard/1", quantity=1000),
+       AttemptResource(resource="memory/n1-standard/1", quantity=3840)]
+
+
+def sj(b: int, j: int, a: str = "a1") -> JobScheduled:
+    return JobScheduled(batch_id=b, job_id=j, attempt_id=a, instance_name=f"w{j % 3}",
+                        inst_coll="standard", cores_mcpu=1000, resources=RES)
+
+
+def mjs(b: int, j: int, a: str = "a1", at: int = T0 - 5_000) -> JobStarted:
+    return JobStarted(batch_id=b, job_id=j, attempt_id=a, instance_name=f"w{j % 3}",
+                      start_time_ms=at, resources=RES)
+
+
+def mjc(b: int, j: int, a: str = "a1", state: str = "Success", end: int = T0 + 7_000
+        ) -> JobCompleted:
+    return JobCompleted(batch_id=b, job_id=j, attempt_id=a, instance_name=f"w{j % 3}",
+                        state=state,  # type: ignore[arg-type]
+                        exit_code=0 if state == "Success" else 1, start_time_ms=T0 - 5_000,
+                        end_time_ms=end + j, resources=RES, status=f'{{"job": {j}}}')
+
+
+def run(b: int, j: int, state: str = "Success") -> list[AnyEvent]:
+    return [sj(b, j), mjs(b, j), mjc(b, j, state=state)]
+
+
+def history(b: int) -> tuple[list[AnyEvent], set[int]]:
+    """The log, and the batches the bulk path must fold."""
+    chain = [job(1), *(job(j, 0, [j - 1]) for j in range(2, 6)), job(6), job(7, 0, [5, 6])]
+    failing = [job(1), job(2, 0, [1]), job(3, 0, [1], always_run=True), job(4)]
+    control: list[AnyEvent] = [
+        ResourceRateSet(resource="compute/n1-standard/1", rate=Decimal("0.00001")),
+        ResourceRateSet(resource="memory/n1-standard/1", rate=Decimal("0.000001"))]
+    for user in ("alice", "bob"):
+        control += [UserCreated(user=user), BillingProjectCreated(billing_project="proj"),
+                    BillingProjectMemberAdded(billing_project="proj", user=user)]
+    retried = submission(b + 2, 1, [job(1), job(2), job(3, 0, [2])], create=True)
+    bunch = next(e for e in retried if isinstance(e, JobsSubmitted))
+    commit = next(e for e in retried if isinstance(e, UpdateCommitted))
+    events: list[AnyEvent] = [
+        *control,
+        # A chain and a join, run in order, with heartbeats and duplicates.
+        *submission(b, 1, chain, create=True),
+        # A parent that fails: its child is flagged and never runs, the always_run one runs.
+        *submission(b + 1, 1, failing, create=True, user="bob"),
+        # A bunch retried before and after the commit, a duplicate commit.
+        *retried[:-1], bunch, commit, commit, bunch,
+        # Never committed.
+        *submission(b + 3, 1, [job(1), job(2)], create=True, commit=False),
+        # Committed with no jobs: complete at once.
+        *submission(b + 4, 1, [], create=True),
+        # Not the bulk path's: cancelled, and job groups.
+        *submission(b + 5, 1, [job(1), job(2)], create=True),
+        *submission(b + 6, 1, [job(1, 1)], [JobGroupRecord(job_group_id=1, parent_id=0)],
+                    create=True),
+        *run(b + 5, 1), BatchCancelled(batch_id=b + 5), *run(b + 6, 1),
+        # Two attempts of one job; MJS before SJ; MJC before anything; still running.
+        *submission(b + 7, 1, [job(1), job(2), job(3), job(4)], create=True),
+        sj(b + 7, 1, "a1"), mjs(b + 7, 1, "a1"), sj(b + 7, 1, "a2"), mjs(b + 7, 1, "a2"),
+        mjc(b + 7, 1, "a2"), mjc(b + 7, 1, "a1", "Failed"), mjs(b + 7, 2), sj(b + 7, 2),
+        mjc(b + 7, 2), mjc(b + 7, 3, state="Error"), sj(b + 7, 4), mjs(b + 7, 4, at=T0 + 123),
+    ]
+    for j in range(1, 8):  # batch b, interleaved with the others' execution
+        events += [sj(b, j), mjs(b, j),
+                   AttemptHeartbeat(batch_id=b, job_id=j, attempt_id="a1", instance_name="w",
+                                    rollup_time_ms=T0 + 1_000 * j),
+                   mjc(b, j), *run(b + 2, j) * (j <= 3)]
+    events += [mjc(b, 3), sj(b, 4)]  # late duplicates
+    events += [*run(b + 1, 1, "Failed"), *run(b + 1, 4), *run(b + 1, 3)]
+    return events, {b, b + 1, b + 2, b + 3, b + 4, b + 7}
+
+
+@dataclass
+class Log:
+    settings: LogSettings
+    todo: list[Span]
+    folded_batches: set[int]
+
+
+@pytest.fixture(scope="module")
+def log(broker: str) -> Log:
+    base = load_settings().log
+    if not os.environ.get("HS_KAFKA_BOOTSTRAP"):  # our own tansu (see tests/conftest.py)
+        base = msgspec.structs.replace(base, fetch_max_wait_ms=LOCAL_BROKER_FETCH_MAX_WAIT_MS)
+    base = msgspec.structs.replace(base, bootstrap_servers=broker, partitions=2,
+                                   topic_prefix=f"bulk{uuid.uuid4().hex[:8]}-")
+    events, folded = history(500)
+
+    async def publish() -> None:
+        await bootstrap_topics(base)
+        async with Publisher(base) as pub:
+            await pub.publish_many(events)
+
+    asyncio.run(publish())
+    marks = asyncio.run(high_watermarks(base, PROJECTED_TOPICS))
+    return Log(base, spans({}, marks, PROJECTED_TOPICS), folded)
+
+
+@pytest.fixture
+def databases(db_server: DatabaseSettings) -> Iterator[list[DatabaseSettings]]:
+    dbs = [msgspec.structs.replace(db_server, name=f"hs_bulk_{uuid.uuid4().hex[:8]}_{i}")
+           for i in range(3)]
+    for db in dbs:
+        apply_migrations(db)
+    try:
+        yield dbs
+    finally:
+        for db in dbs:
+            drop_database(db_server, db.name)
+
+
+def _replay(log: Log, db: DatabaseSettings, *, bulk: bool, processes: int = 1) -> ReplayStats:
+    consumer = projector_consumer(log.settings)
+    if processes > 1:
+        return asyncio.run(replay_processes(log.settings, SinkTarget(db, consumer), log.todo,
+                                            batch_size=3, processes=processes, bulk=bulk))
+    engine = sa.create_engine(db.url())
+    try:
+        return asyncio.run(replay(log.settings, Sink(engine, consumer), log.todo,
+                                  batch_size=3, bulk=bulk))
+    finally:
+        engine.dispose()
+
+
+def test_bulk_lanes_project_what_the_sink_projects(log: Log, db_server: DatabaseSettings,
+                                                   databases: list[DatabaseSettings]) -> None:
+    reference, in_process, in_processes = databases
+    by_sink = _replay(log, reference, bulk=False)
+    assert by_sink.folded == 0
+    total = sum(s.size for s in log.todo)
+    for db, processes in ((in_process, 1), (in_processes, 2)):
+        stats = _replay(log, db, bulk=True, processes=processes)
+        assert stats.events == total
+        assert 0 < stats.folded < total
+        engine = sa.create_engine(reference.url())
+        try:
+            with engine.connect() as a, engine.connect() as b:
+                comparison = Comparison(a, reference.name, b, db.name)
+                assert list(comparison) == [] and comparison.tables >= 20
+            offsets = query(engine, f"SELECT topic, kafka_partition, next_offset FROM "
+                                    f"`{db.name}`.applied_offsets ORDER BY 1, 2")
+            assert offsets == query(engine, f"SELECT topic, kafka_partition, next_offset FROM "
+                                            f"`{reference.name}`.applied_offsets ORDER BY 1, 2")
+        finally:
+            engine.dispose()
+
+
+def test_the_fold_takes_exactly_the_common_histories(log: Log) -> None:
+    events, folded = history(500)
+    by_batch: dict[int, list[tuple[BatchEvent, int]]] = {}
+    for e in events:
+        if isinstance(e, BatchEvent):
+            by_batch.setdefault(e.batch_id, []).append((e, T0))
+    taken = {b for b, h in by_batch.items() if fold_batch(h, token=0) is not None}
+    assert taken == folded
