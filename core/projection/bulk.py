@@ -34,7 +34,7 @@ from core.billing import billable, by_day, usage
 from core.completions import completion_ops
 from core.projection import billing
 from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
-from core.projection.counters import JOB_COUNTS
+from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED
 from core.projection.execution import JobFacts, move
 from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
 from core.projection.instances import RATE_KINDS, minute_of
@@ -49,6 +49,21 @@ _JOB_DEFAULTS: dict[str, Any] = {
     "instance_name": None, "start_time_ms": None, "end_time_ms": None, "status": None,
     "n_attempts": 0}
 """Columns of ``jobs`` that execution sets, at their table defaults (every row gets all)."""
+
+_OWNED: dict[str, tuple[str, ...]] = {
+    JOB_COUNTS: ("n_jobs", "n_pending", "n_ready", "n_creating", "n_running", "n_completed",
+                 "n_succeeded", "n_failed", "n_errored", "n_cancelled"),
+    CANCELLABLE: ("n_ready_cancellable_jobs", "ready_cancellable_cores_mcpu",
+                  "n_running_cancellable_jobs", "running_cancellable_cores_mcpu",
+                  "n_creating_cancellable_jobs"),
+    STAGED: ("n_jobs", "n_ready", "ready_cores_mcpu", "n_ready_always_run",
+             "ready_always_run_cores_mcpu"),
+    billing.JOB_GROUP: ("resource_usage",),
+    billing.BATCH: ("resource_usage",),
+}
+"""Counter tables keyed by the batch, with their counter columns: only the batch's own fold
+writes their rows, so it inserts them once with their totals (every column, zeros included:
+one statement shape per table) instead of incrementing."""
 
 Timed = tuple[BatchEvent, int]
 """An event and its envelope's time (ms)."""
@@ -77,6 +92,7 @@ class _Fold:
         self.ops: list[Op] = fold_batch_created(created, time_ms)
         self.batch_row = _row_of(self.ops, "batches")
         self.group_row = _row_of(self.ops, "job_groups")
+        self.counts_row = _row_of(self.ops, JOB_COUNTS)
         self.update: UpdateOpened | None = None
         self.update_row: dict[str, Any] | None = None
         self.committed = False
@@ -289,17 +305,20 @@ class _Fold:
         ops: list[Op] = [op for op in self.ops if not isinstance(op, Increment)]
         ops += self.bunches
         user = self.created.user
-        for (g, ic, cores, always_run, cancelled, old, new), n in self.moves.items():
+        for (g, ic, cores, always_run, cancelled, old, new), times in self.moves.items():
             facts = JobFacts(self.b, 0, g, user, ic, cores, always_run, cancelled)
             for inc in move(facts, old, new, [0], self.token):
-                acc.add(Increment(inc.table, inc.key, {c: d * n for c, d in inc.deltas.items()}))
+                acc.add(Increment(inc.table, inc.key,
+                                  {c: d * times for c, d in inc.deltas.items()}))
         if self.attempts:
             ops.append(InsertIgnore("attempts", [a.row for a in self.attempts.values()]))
         if self.attempt_resources:
             ops.append(InsertIgnore("attempt_resources", self.attempt_resources))
-        for (j, resource), amount in self.job_usage.items():
-            acc.add(Increment(billing.JOB, {"batch_id": self.b, "job_id": j,
-                                            "resource": resource}, {"resource_usage": amount}))
+        job_usage: list[Row] = [{"batch_id": self.b, "job_id": j, "resource": resource,
+                      "resource_usage": amount}
+                     for (j, resource), amount in self.job_usage.items() if amount]
+        if job_usage:
+            ops.append(InsertIgnore(billing.JOB, job_usage))
         bp, t = self.created.billing_project, self.token
         for resource, amount in self.usage.items():
             delta = {"resource_usage": amount}
@@ -318,21 +337,29 @@ class _Fold:
         for (minute, kind), n in self.rates.items():
             acc.add(Increment("event_rates", {"minute": minute, "kind": kind, "token": t},
                               {"n": n}))
-        increments = acc.drain()
+        shared: list[Op] = []
+        owned: dict[str, list[Row]] = {}
+        for inc in acc.drain():
+            columns = _OWNED.get(inc.table)
+            if columns is None:
+                shared.append(inc)
+            elif inc.table == JOB_COUNTS and inc.key["job_group_id"] == 0:
+                self.counts_row.update(inc.deltas)
+            else:
+                owned.setdefault(inc.table, []).append(
+                    {**inc.key, **{c: inc.deltas.get(c, 0) for c in columns}})
+        for c in _OWNED[JOB_COUNTS]:
+            self.counts_row.setdefault(c, 0)
+        ops += [InsertIgnore(table, rows) for table, rows in owned.items()]
         if self.done_at is not None:
             done = {"state": "complete", "time_completed_ms": self.done_at}
             self.batch_row.update(done)
             self.group_row.update(done)
-            totals: dict[str, int] = {}
-            for inc in increments:
-                if inc.table == JOB_COUNTS and inc.key["job_group_id"] == 0:
-                    totals = dict(inc.deltas)
-            ops += completion_ops(self.b, [(0, totals.get("n_jobs", 0),
-                                            totals.get("n_succeeded", 0),
-                                            totals.get("n_failed", 0),
-                                            totals.get("n_cancelled", 0))],
+            counts = self.counts_row
+            ops += completion_ops(self.b, [(0, counts["n_jobs"], counts["n_succeeded"],
+                                            counts["n_failed"], counts["n_cancelled"])],
                                   frozenset(), self.done_at)
-        return ops + list(increments)
+        return ops + shared
 
 
 def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:

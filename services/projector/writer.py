@@ -20,7 +20,7 @@ value through several calls, which was most of the projector's CPU for a bunch o
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 
@@ -78,6 +78,9 @@ class Literals:
 
     def __init__(self, raw: Any) -> None:
         self._escape: Callable[[object], str] = raw.escape
+        # PyMySQL's escape() of a str is this, quoted; it reads the session's
+        # NO_BACKSLASH_ESCAPES at each call, so the bound method stays right.
+        self._quote: Callable[[str], str] | None = getattr(raw, "_escape_string", None)
 
     @classmethod
     def of(cls, conn: sa.Connection) -> Literals | None:
@@ -96,9 +99,27 @@ class Literals:
         return self._escape(value)
 
     def rows(self, columns: Sequence[str], rows: Iterable[Row]) -> Iterator[str]:
-        """``(v1, v2, ...)`` per row, the values of ``columns`` in order."""
+        """``(v1, v2, ...)`` per row, the values of ``columns`` in order.
+
+        The same literals as :meth:`__call__`, dispatched inline: a call per value was a third
+        of a bulk rebuild's time (measured)."""
+        escape, quote = self._escape, self._quote
         for row in rows:
-            yield "(" + ", ".join([self(row[c]) for c in columns]) + ")"
+            out = []
+            for c in columns:
+                v = row[c]
+                t = type(v)
+                if t is int:
+                    out.append(str(v))
+                elif v is None:
+                    out.append("NULL")
+                elif t is str and quote is not None:
+                    out.append("'" + quote(cast(str, v)) + "'")
+                elif t is bool:
+                    out.append("1" if v else "0")
+                else:
+                    out.append(escape(v))
+            yield "(" + ", ".join(out) + ")"
 
 
 class Writer:

@@ -129,11 +129,17 @@ def test_many_rows_with_the_same_columns_are_one_statement(engine: sa.Engine) ->
             trans.rollback()
 
 
+@pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
 @pytest.mark.parametrize("value", [*TRICKY, "x" * 100, None])
-def test_literals_round_trip(engine: sa.Engine, value: str | None) -> None:
+def test_literals_round_trip(engine: sa.Engine, value: str | None,
+                             no_backslash_escapes: bool) -> None:
     """What the writer inlines as literals reads back as the value itself, in inserts and in
-    merged updates alike."""
+    merged updates alike, whether or not the session treats backslashes as escapes."""
     with engine.connect() as conn:
+        if no_backslash_escapes:
+            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
+                                 "',NO_BACKSLASH_ESCAPES')")
+            conn.commit()
         trans = conn.begin()
         try:
             writer = Writer(conn)
@@ -150,6 +156,10 @@ def test_literals_round_trip(engine: sa.Engine, value: str | None) -> None:
             assert [tuple(r) for r in got] == [(value, short, 1), (value, short, 2)]
         finally:
             trans.rollback()
+            if no_backslash_escapes:
+                conn.exec_driver_sql("SET SESSION sql_mode = "
+                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
+                conn.commit()
 
 
 @pytest.mark.parametrize("op", [
