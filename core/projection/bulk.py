@@ -267,11 +267,15 @@ class _Fold:
             return
         resources = [AttemptResource(resource=r, quantity=q) for r, q in att.resources.items()]
         j = job.row["job_id"]
-        for resource, amount in usage(resources, *interval).items():
+        total = usage(resources, *interval)
+        for resource, amount in total.items():
             self.job_usage[(j, resource)] = self.job_usage.get((j, resource), 0) + amount
             self.usage[resource] = self.usage.get(resource, 0) + amount
-        for day, lo, hi in by_day(*interval):
-            for resource, amount in usage(resources, lo, hi).items():
+        days = by_day(*interval)
+        for day, lo, hi in days:
+            # Within one day (most intervals) the day's usage is the total.
+            for resource, amount in (total if len(days) == 1 else usage(resources, lo, hi)
+                                     ).items():
                 key = (day.isoformat(), resource)
                 self.usage_by_day[key] = self.usage_by_day.get(key, 0) + amount
         a["rollup_time_ms"] = interval[1]
