@@ -59,3 +59,21 @@ def test_a_rate_below_the_target_batch_size_is_not_met() -> None:
     got = by_figure({"execution": {"noop_jobs_per_s": 5000.0, "jobs": 10_000,
                                    "spawn_per_s_16_concurrent": 1400}})
     assert got["no-op jobs/s end to end"] == ("5000.0", False)
+
+
+def test_floors_outside_the_project_are_stated_beside_the_figures() -> None:
+    notes = {a.figure: a.note for a in assess({
+        "ingest": {"submit_seconds": 16.0, "jobs": 100_000, "cores": 2,
+                   "cpu_ms_per_job": {"ingest": 0.1, "client (hailtop)": 0.02,
+                                      "broker (tansu)": 0.04}},
+        "replay": {"replay_events_per_s": 15_000, "events": 60_000,
+                   "no_fold_ceiling_events_per_s": 32_000},
+    })}
+    # 0.06 ms/job of client and broker: 60 s of CPU for 1M jobs, 30 s on 2 cores
+    assert "alone: 0.060 ms/job -> at least 30.0 s for 1,000,000 jobs on 2 cores" in (
+        notes["1,000,000-job submit (hailtop)"])
+    assert "no fold at all: at most 32000 events/s" in notes["replay/rebuild events/s"]
+    # without the client's or the broker's CPU, no floor is claimed
+    bare = {a.figure: a.note for a in assess({"ingest": {"submit_seconds": 16.0,
+                                                          "jobs": 100_000}})}
+    assert "alone" not in bare["1,000,000-job submit (hailtop)"]
