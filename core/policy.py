@@ -174,6 +174,19 @@ class Tiers:
         """
         return sorted(users, key=self.queue_key)
 
+    def orders_jobs(self) -> bool:
+        """Whether any plugin may have an opinion on job order.
+
+        A plugin that keeps :class:`Plugin`'s ``job_order`` has none; without any opinion, jobs
+        go in ``(batch_id, job_id)`` order.
+
+        Returns:
+            False only when every plugin is a :class:`Plugin` that keeps its ``job_order``.
+
+        """
+        return any(not isinstance(p, Plugin) or type(p).job_order is not Plugin.job_order
+                   for p in self.plugins())
+
     def order_jobs(self, jobs: Iterable[JobT]) -> list[JobT]:
         """Jobs in job order.
 

@@ -27,7 +27,7 @@ else the first reason of a job of its own; the first few such jobs get their own
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Final, NamedTuple
@@ -171,8 +171,15 @@ def schedule(
             stop: Waiting | None = None
             first: Waiting | None = None
             handled = job_entries = 0
-            head = [_view(state, user, inst_coll, b, j) for b, j in islice(queue, budget)]
-            for job in step_tiers.order_jobs(head):
+            head: Iterable[ReadyJob]
+            if step_tiers.orders_jobs():
+                ordered = step_tiers.order_jobs(
+                    [_view(state, user, inst_coll, b, j) for b, j in islice(queue, budget)])
+                head, n_head = ordered, len(ordered)
+            else:  # the queue's (batch, job) order is the job order: views made as needed
+                head = (_view(state, user, inst_coll, b, j) for b, j in islice(queue, budget))
+                n_head = min(budget, len(queue))
+            for job in head:
                 if budget <= 0:
                     stop = queued(max_jobs)
                     break
@@ -211,7 +218,7 @@ def schedule(
                                    regions=job.regions, note=note)
                     first = first or why
                     out.waiting[WaitingKey(user, inst_coll, job.batch_id, job.job_id)] = why
-            if stop is None and len(head) < len(queue):
+            if stop is None and n_head < len(queue):
                 stop = queued(max_jobs)  # the rest of the queue was past the step's budget
             if handled < len(queue):
                 out.waiting[WaitingKey(user, inst_coll)] = stop or first or queued(max_jobs)

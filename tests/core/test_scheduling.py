@@ -11,12 +11,22 @@ from core.policy import (
     REASON_NO_FIT,
     REASON_NO_INSTANCES,
     REASON_REGION,
+    OrderKey,
+    Plugin,
     PriorityPlugin,
+    SchedJob,
     Tiers,
 )
 from core.priority import REASON_ACTIVE_CORES, UserPriority
 from core.scheduler_state import READY, SchedulerState, fold
-from core.scheduling import Kill, cancel_shares, cancellations, failure_cancellations, schedule
+from core.scheduling import (
+    Decisions,
+    Kill,
+    cancel_shares,
+    cancellations,
+    failure_cancellations,
+    schedule,
+)
 from schemas.batch import BatchCancelled, JobGroupCancelled, JobRecord
 from schemas.events import AnyEvent
 from schemas.execution import JobScheduled
@@ -36,6 +46,18 @@ from tests.core.test_scheduler_state import (
 )
 
 NO_TIERS = Tiers([])
+
+
+class _NoOpinion(Plugin):
+    name = "no-opinion"
+
+    def job_order(self, job: SchedJob) -> OrderKey | None:
+        return None
+
+
+def _decided(d: Decisions) -> tuple[object, ...]:
+    return ([(e.batch_id, e.job_id, e.instance_name, e.cores_mcpu) for e in d.scheduled],
+            d.unplaced, d.unschedulable, d.waiting, d.allocations)
 
 
 def ids() -> itertools.count[int]:
@@ -95,6 +117,32 @@ def test_placement(jobs: list[JobRecord], instances: list[AnyEvent],
     placed, reasons = step(state, max_worker={"standard": 4000})
     assert placed == expected_placed
     assert reasons == expected_reasons
+
+
+class _LastFirst(Plugin):
+    name = "last-first"
+
+    def job_order(self, job: SchedJob) -> OrderKey | None:
+        return (-job.job_id,)
+
+
+@pytest.mark.parametrize("max_jobs", [1, 5, 12, 13, 30, 100])
+@pytest.mark.parametrize("free", [500, 4000, 40_000])
+def test_queues_are_walked_lazily_in_job_order(max_jobs: int, free: int) -> None:
+    state = fold([*two_users(12, cores=250), *instance("i1", cores=free)])
+    counter = ids()
+    lazy = schedule(state, NO_TIERS, max_jobs=max_jobs,
+                    new_attempt_id=lambda: f"a{next(counter)}")
+    counter = ids()
+    sorted_path = schedule(state, Tiers([[_NoOpinion()]]), max_jobs=max_jobs,
+                           new_attempt_id=lambda: f"a{next(counter)}")
+    assert _decided(lazy) == _decided(sorted_path)
+    assert lazy.scheduled  # there was something to decide
+    # An opinion still orders the jobs: the last of alice's queue goes first.
+    if free == 500 and max_jobs >= 30:
+        opinion = schedule(state, Tiers([[_LastFirst()]]), max_jobs=max_jobs,
+                           new_attempt_id=lambda: "x")
+        assert [(e.batch_id, e.job_id) for e in opinion.scheduled] == [(1, 12), (2, 12)]
 
 
 def test_quota_blocks_a_user_and_priority_orders_users() -> None:
@@ -192,9 +240,15 @@ def test_steps_over_random_histories(data: st.DataObject) -> None:
             continue
         state = sim.state
         before = {name: inst.free_mcpu for name, inst in state.instances.items()}
-        d = schedule(state, NO_TIERS, max_jobs=data.draw(st.integers(1, 20)),
+        max_jobs = data.draw(st.integers(1, 20))
+        d = schedule(state, NO_TIERS, max_jobs=max_jobs,
                      new_attempt_id=lambda: f"s{next(counter)}",
                      max_worker_mcpu={"standard": 2000})
+        # Without a job-order opinion the step walks each queue lazily; a plugin that only
+        # overrides job_order (with no opinion) takes the sorting path: same decisions.
+        sorted_path = schedule(state, Tiers([[_NoOpinion()]]), max_jobs=max_jobs,
+                               new_attempt_id=lambda: "x", max_worker_mcpu={"standard": 2000})
+        assert _decided(sorted_path) == _decided(d)
         used: dict[str, int] = {}
         for e in d.scheduled:
             job = state.job(e.batch_id, e.job_id)
