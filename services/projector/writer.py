@@ -101,19 +101,23 @@ class Literals:
         return self._escape(value)
 
     def rows(self, columns: Sequence[str], rows: Iterable[Row]) -> Iterator[str]:
-        """``(v1, v2, ...)`` per row, the values of ``columns`` in order.
+        """``(v1, v2, ...)`` per row, the values of ``columns`` in order."""
+        for lits in self.each(map(row.__getitem__, columns) for row in rows):
+            yield "(" + ", ".join(lits) + ")"
 
-        The same literals as :meth:`__call__`, dispatched inline and remembered per value for
-        the call (rows repeat most of their values: states, pools, resources, flags): a call
-        per value was a third of a bulk rebuild's time (measured). ``True == 1`` and
-        ``False == 0`` share a literal, as they render alike."""
+    def each(self, tuples: Iterable[Iterable[object]]) -> Iterator[list[str]]:
+        """The literals of each tuple of values, as :meth:`__call__` gives them.
+
+        Dispatched inline and remembered per value for the call (rows repeat most of their
+        values: states, pools, resources, flags): a call per value was a third of a bulk
+        rebuild's time (measured). ``True == 1`` and ``False == 0`` share a literal, as they
+        render alike."""
         escape, quote = self._escape, self._quote
-        memo: dict[Value, str] = {None: "NULL", True: "1", False: "0"}
+        memo: dict[object, str] = {None: "NULL", True: "1", False: "0"}
         get = memo.get
-        for row in rows:
+        for values in tuples:
             out = []
-            for c in columns:
-                v = row[c]
+            for v in values:
                 lit = get(v)
                 if lit is None:
                     t = type(v)
@@ -126,7 +130,7 @@ class Literals:
                     if len(memo) < _MEMO:
                         memo[v] = lit
                 out.append(lit)
-            yield "(" + ", ".join(out) + ")"
+            yield out
 
 
 class Writer:
@@ -238,10 +242,10 @@ class Writer:
             if lit is not None:
                 selects = [
                     "SELECT " + ", ".join(
-                        [f"{lit(v)} AS {_q(n)}" for n, v in zip(names, [
-                            *row, *(values[c] for c in columns)], strict=True)] if i == 0
-                        else [lit(v) for v in (*row, *(values[c] for c in columns))])
-                    for i, (row, values) in enumerate(chunk)]
+                        [f"{v} AS {_q(n)}" for n, v in zip(names, lits, strict=True)] if i == 0
+                        else lits)
+                    for i, lits in enumerate(lit.each(
+                        (*row, *(values[c] for c in columns)) for row, values in chunk))]
                 self._literal_sql(
                     f"UPDATE {_q(table)} AS t JOIN ({' UNION ALL '.join(selects)}) AS u "
                     f"ON {on} SET {sets}")
