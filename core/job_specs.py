@@ -34,6 +34,7 @@ from core.specs import (
     expect_str_list,
     resolve_in_update_id,
 )
+from schemas.base import JobResources
 from schemas.batch import JobRecord
 
 DEFAULT_N_MAX_ATTEMPTS: Final = 20
@@ -296,6 +297,9 @@ def job_records(
             raise BadRequest(f"noncontiguous job ids found in the spec: {before} -> {after}")
 
     records = []
+    # Jobs of a bunch mostly ask for the same resources: normalize each distinct request once.
+    # Only successes are remembered; a failing request raises with this job's own names.
+    normalized: dict[bytes, tuple[JobResources, str]] = {}
     for i, (spec, raw, job_id) in enumerate(zip(specs, objs, absolute_ids, strict=True)):
         label = str(job_id) if batch_id is None else str((batch_id, job_id))
         parent_ids = _parents(spec, job_id, start_job_id)
@@ -304,10 +308,14 @@ def job_records(
             raise BadRequest(f"job {job_id}: job group {group_id} does not exist")
         if spec["process"]["type"] == "jvm":
             _check_jvm_resources(spec.get("resources") or {})
-        resources, inst_coll = normalize_resources(
-            spec.get("resources"), config=config, regions=spec.get("regions"), job=label,
-            name=f"jobs[{i}].resources",
-        )
+        request = msgspec.json.encode((spec.get("resources"), spec.get("regions")))
+        known = normalized.get(request)
+        if known is None:
+            known = normalized[request] = normalize_resources(
+                spec.get("resources"), config=config, regions=spec.get("regions"), job=label,
+                name=f"jobs[{i}].resources",
+            )
+        resources, inst_coll = known
         records.append(JobRecord(
             job_id=job_id,
             job_group_id=group_id,
@@ -323,6 +331,9 @@ def job_records(
 
 
 def _parents(spec: dict[str, Any], job_id: int, start_job_id: int) -> list[int]:
+    if not ("absolute_parent_ids" in spec or "parent_ids" in spec
+            or "in_update_parent_ids" in spec):
+        return []
     in_update_id = spec["job_id"]
     absolute = [*spec.get("absolute_parent_ids", []), *spec.get("parent_ids", [])]
     in_update = spec.get("in_update_parent_ids", [])

@@ -535,3 +535,45 @@ def test_in_update_parents_resolve_to_earlier_jobs(data: st.DataObject, n: int,
     assert [r.job_id for r in records] == list(range(start, start + n))
     for record, ps in zip(records, parents, strict=True):
         assert record.parent_ids == sorted(start + p - 1 for p in ps)
+
+
+_REQUESTS = [None, {"cpu": "1"}, {"cpu": "0.25", "memory": "lowmem"}, {"cpu": "2"},
+             {"memory": "4Gi", "cpu": "1"}, {"cpu": "1", "memory": "4Gi"},
+             {"machine_type": "n1-standard-4", "preemptible": False}]
+
+
+@given(st.lists(st.tuples(st.sampled_from(range(len(_REQUESTS))),
+                          st.sampled_from([None, ["local"], ["elsewhere"]])),
+                min_size=1, max_size=12))
+def test_a_bunch_normalizes_resources_as_each_job_alone(picks: list[tuple[int, Any]]) -> None:
+    """Jobs asking for the same resources share one normalization: the records are what each
+    job gives when submitted alone."""
+    specs = [job(job_id=i + 1, resources=_REQUESTS[r], regions=regions)
+             for i, (r, regions) in enumerate(picks)]
+
+    def alone(i: int) -> tuple[Any, ...]:
+        try:
+            (record,) = jobs([{**specs[i], "job_id": 1}], start_job_id=i + 1, n_jobs=1,
+                             batch_id=7)
+        except BadRequest as e:
+            return ("error", str(e))
+        return (record.resources, record.inst_coll)
+
+    expected = [alone(i) for i in range(len(specs))]
+    failing = [e for e in expected if e[0] == "error"]
+    try:
+        together = jobs(specs, n_jobs=len(specs), batch_id=7)
+    except BadRequest as e:  # the first failing job's own error
+        assert failing and str(e) == failing[0][1]
+        return
+    assert not failing
+    assert [(r.resources, r.inst_coll) for r in together] == expected
+
+
+def test_a_failing_request_names_its_own_job_after_the_same_request_of_others() -> None:
+    ok = {"cpu": "1"}
+    bad = {"cpu": "64"}
+    with pytest.raises(BadRequest, match=r"jobs\[2\]|\(7, 3\)") as caught:
+        jobs([job(job_id=1, resources=ok), job(job_id=2, resources=ok),
+              job(job_id=3, resources=bad)], n_jobs=3, batch_id=7)
+    assert "(7, 1)" not in str(caught.value) and "(7, 2)" not in str(caught.value)
