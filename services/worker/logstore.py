@@ -2,10 +2,16 @@
 
 A log is named by (batch_id, job_id, attempt_id, container), ``container`` being the task
 (``input``, ``main``, ``output``). :class:`LocalLogStore` keeps them as files under a root
-directory, ``{root}/{batch_id}/{job_id}/{attempt_id}/{container}.log``, written unbuffered so a
-reader sees a running job's output. A cloud backend (GCS) plugs in behind :class:`LogStore`: it
-writes to a local file and uploads it when the writer is closed; the worker calls ``close`` and
-``read`` in a thread, so both may block.
+directory, ``{root}/{batch_id}/{job_id}+{attempt_id}+{container}.log``, written unbuffered so a
+reader sees a running job's output. One directory per batch, not two more per attempt: making
+them (with the attempt's working directory, through pathlib) cost a no-op job's worker 0.37 ms
+of CPU, against 0.07 ms with this layout and plain ``os`` calls. ``+`` never occurs in a valid
+name, so the file name is unambiguous. Logs written under the earlier layout
+(``{root}/{batch_id}/{job_id}/{attempt_id}/{container}.log``) are still read.
+
+A cloud backend (GCS) plugs in behind :class:`LogStore`: it writes to a local file and uploads
+it when the writer is closed; the worker calls ``close`` and ``read`` in a thread, so both may
+block.
 """
 
 from __future__ import annotations
@@ -52,25 +58,36 @@ class LocalLogStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
-    def directory(self, batch_id: int, job_id: int, attempt_id: str) -> Path:
-        """The attempt's directory (not created)."""
-        if not valid_name(attempt_id):
-            raise ValueError(f"invalid attempt id {attempt_id!r}")
-        return self.root / str(int(batch_id)) / str(int(job_id)) / attempt_id
+    def directory(self, batch_id: int) -> Path:
+        """The batch's directory (not created)."""
+        return self.root / str(int(batch_id))
 
     def path(self, batch_id: int, job_id: int, attempt_id: str, container: str) -> Path:
         """The file of one container's log."""
-        if not valid_name(container):
-            raise ValueError(f"invalid container name {container!r}")
-        return self.directory(batch_id, job_id, attempt_id) / f"{container}.log"
+        _check(attempt_id, container)
+        return self.directory(batch_id) / f"{int(job_id)}+{attempt_id}+{container}.log"
 
     def writer(self, batch_id: int, job_id: int, attempt_id: str, container: str) -> FileLogSink:
-        if not valid_name(container):
-            raise ValueError(f"invalid container name {container!r}")
-        return FileLogSink(self.directory(batch_id, job_id, attempt_id), container)
+        path = self.path(batch_id, job_id, attempt_id, container)
+        try:
+            return FileLogSink.at(path)
+        except FileNotFoundError:  # the batch's first log here
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return FileLogSink.at(path)
 
     def read(self, batch_id: int, job_id: int, attempt_id: str, container: str) -> bytes | None:
-        try:
-            return self.path(batch_id, job_id, attempt_id, container).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
+        for path in (self.path(batch_id, job_id, attempt_id, container),
+                     self.directory(batch_id) / str(int(job_id)) / attempt_id
+                     / f"{container}.log"):  # the earlier layout
+            try:
+                return path.read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return None
+
+
+def _check(attempt_id: str, container: str) -> None:
+    if not valid_name(attempt_id):
+        raise ValueError(f"invalid attempt id {attempt_id!r}")
+    if not valid_name(container):
+        raise ValueError(f"invalid container name {container!r}")

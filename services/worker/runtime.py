@@ -85,6 +85,15 @@ class FileLogSink:
         self.path = Path(directory) / f"{name}.log"
         self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
 
+    @classmethod
+    def at(cls, path: Path) -> FileLogSink:
+        """A log written to the file ``path`` itself; its directory must exist
+        (FileNotFoundError otherwise): no directory is created, which costs a short job."""
+        sink = cls.__new__(cls)
+        sink.path = path
+        sink._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+        return sink
+
     def write(self, data: bytes) -> None:
         self._file.write(data)
 

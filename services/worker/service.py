@@ -44,7 +44,6 @@ import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Self
 
 import msgspec
@@ -153,8 +152,8 @@ class Worker:
             log_settings = msgspec.structs.replace(log_settings, linger_ms=settings.linger_ms)
         self._publisher = publisher or Publisher(log_settings)
         self._clock = clock
-        self._scratch = Path(settings.scratch_dir or tempfile.gettempdir()) / (
-            f"hs-worker-{settings.instance_name}")
+        self._scratch = os.path.join(settings.scratch_dir or tempfile.gettempdir(),
+                                     f"hs-worker-{settings.instance_name}")
         self._attempts: dict[AttemptKey, _Attempt] = {}
         self._finished: OrderedDict[AttemptKey, None] = OrderedDict()
         self._runner: web.AppRunner | None = None
@@ -229,6 +228,8 @@ class Worker:
         if self._runner is not None:
             await self._runner.cleanup()
         await self._publisher.stop()
+        with contextlib.suppress(OSError):  # empty unless jobs left files behind
+            os.rmdir(self._scratch)
 
     # HTTP
 
@@ -387,7 +388,7 @@ class Worker:
         if spec.get("input_files") or spec.get("output_files"):
             return None, "input and output files are not supported by this worker yet"
         assert attempt.request is not None
-        workdir = Path(attempt.request.cwd)
+        workdir = attempt.request.cwd
         sink: LogWriter | None = None
         try:
             sink = self._prepare(workdir, job)
@@ -407,14 +408,19 @@ class Worker:
             if not _clean_up_at_once(sink, workdir):
                 await asyncio.to_thread(_clean_up, sink, workdir)
 
-    def _prepare(self, workdir: Path, job: JobRequest) -> LogWriter:
+    def _prepare(self, workdir: str, job: JobRequest) -> LogWriter:
         """The attempt's working directory and log writer.
 
         On the event loop: a few local file-system calls cost less than a thread hop, which
         was a measurable share of a short job's cost. A log store's writer only opens a local
         file (GCS spools locally and uploads at close).
         """
-        workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(workdir)
+        except FileExistsError:
+            pass
+        except FileNotFoundError:  # the scratch directory is not there (yet)
+            os.makedirs(workdir, exist_ok=True)
         return self._store.writer(job.batch_id, job.job_id, job.attempt_id, "main")
 
     async def _report(self, event: AnyEvent) -> None:
@@ -458,9 +464,9 @@ class Worker:
         while len(self._finished) > FINISHED_MEMORY:
             self._finished.popitem(last=False)
 
-    def _workdir(self, key: AttemptKey) -> Path:
+    def _workdir(self, key: AttemptKey) -> str:
         batch_id, job_id, attempt_id = key
-        return self._scratch / f"batch-{batch_id}-job-{job_id}-{attempt_id}"
+        return f"{self._scratch}/batch-{batch_id}-job-{job_id}-{attempt_id}"
 
 
 def _key(request: web.Request) -> AttemptKey | None:
@@ -475,7 +481,7 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"message": message}, status=status)
 
 
-def _clean_up_at_once(sink: LogWriter | None, workdir: Path) -> bool:
+def _clean_up_at_once(sink: LogWriter | None, workdir: str) -> bool:
     """The cheap common case of :func:`_clean_up`, on the event loop: a local log file and
     a job that left its working directory empty. False: run :func:`_clean_up` in a thread."""
     if sink is not None and not isinstance(sink, FileLogSink):
@@ -491,7 +497,7 @@ def _clean_up_at_once(sink: LogWriter | None, workdir: Path) -> bool:
     return True
 
 
-def _clean_up(sink: LogWriter | None, workdir: Path) -> None:
+def _clean_up(sink: LogWriter | None, workdir: str) -> None:
     """Close the log and remove the working directory (in a thread: file system calls)."""
     if sink is not None:
         sink.close()
