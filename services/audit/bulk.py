@@ -18,6 +18,7 @@ into a new database; a failed rebuild drops it), and partitions larger than
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ from services.audit.replay import (
     decode_record,
     retry_deadlocks,
 )
+from services.common.gcpause import gc_paused
 from services.common.log import Record
 from services.common.settings import LogSettings
 from services.projector.sink import Sink
@@ -58,18 +60,22 @@ async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: R
     async with PartitionReader(log, max_records=batch_size) as reader:
         for span in todo:
             bulk = span.size <= MAX_RECORDS and not stored.get((span.topic, span.partition))
-            records: list[Record] = []
-            async for messages in reader.read(span.topic, span.partition, span.start,
-                                              span.end):
-                t = time.perf_counter()
-                records += [Record(span.topic, span.partition, m.offset,
-                                   decode_record(span, m.offset, m.value)) for m in messages]
-                stats.decode_s += time.perf_counter() - t
-                if not bulk:
-                    _through_sink(sink, span, records, stats, batch_size, progress)
-                    records = []
-            if bulk:
-                _fold_span(sink, span, records, stats, batch_size, progress)
+            # A folded span's records all live until it is written: nothing for the cyclic
+            # collector to find, and a fifth of the lane's CPU spent looking (gcpause.py).
+            with gc_paused() if bulk else contextlib.nullcontext():
+                records: list[Record] = []
+                async for messages in reader.read(span.topic, span.partition, span.start,
+                                                  span.end):
+                    t = time.perf_counter()
+                    records += [Record(span.topic, span.partition, m.offset,
+                                       decode_record(span, m.offset, m.value))
+                                for m in messages]
+                    stats.decode_s += time.perf_counter() - t
+                    if not bulk:
+                        _through_sink(sink, span, records, stats, batch_size, progress)
+                        records = []
+                if bulk:
+                    _fold_span(sink, span, records, stats, batch_size, progress)
 
 
 def _through_sink(sink: Sink, span: Span, records: list[Record], stats: ReplayStats,
