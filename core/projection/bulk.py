@@ -73,6 +73,10 @@ Timed = tuple[BatchEvent, int]
 class _Attempt:
     row: dict[str, Any]
     resources: dict[str, int] = field(default_factory=dict)
+    billed: list[AttemptResource] = field(default_factory=list)
+    """``resources`` as the billing functions take them (first quantity of each resource)."""
+    seen: Sequence[AttemptResource] = ()
+    """The last resource list merged in: SJ, MJS and MJC of an attempt carry the same one."""
 
 
 @dataclass(slots=True)
@@ -209,12 +213,15 @@ class _Fold:
                 "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
                 "instance_name": instance, "start_time_ms": None, "end_time_ms": None,
                 "rollup_time_ms": None, "reason": None})
-        for r in resources:
-            if r.resource not in att.resources:
-                att.resources[r.resource] = r.quantity
-                self.attempt_resources.append({
-                    "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
-                    "resource": r.resource, "quantity": r.quantity})
+        if resources and resources != att.seen:
+            for r in resources:
+                if r.resource not in att.resources:
+                    att.resources[r.resource] = r.quantity
+                    att.billed.append(r)
+                    self.attempt_resources.append({
+                        "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
+                        "resource": r.resource, "quantity": r.quantity})
+            att.seen = resources
         return att
 
     def _move(self, row: dict[str, Any], old: JobState, new: JobState) -> None:
@@ -265,19 +272,20 @@ class _Fold:
         interval = billable(start, a["rollup_time_ms"], end, to_ms)
         if interval is None:
             return
-        resources = [AttemptResource(resource=r, quantity=q) for r, q in att.resources.items()]
+        resources = att.billed
         j = job.row["job_id"]
         total = usage(resources, *interval)
         for resource, amount in total.items():
             self.job_usage[(j, resource)] = self.job_usage.get((j, resource), 0) + amount
             self.usage[resource] = self.usage.get(resource, 0) + amount
         days = by_day(*interval)
+        by_date = self.usage_by_day
         for day, lo, hi in days:
+            date = day.isoformat()
             # Within one day (most intervals) the day's usage is the total.
             for resource, amount in (total if len(days) == 1 else usage(resources, lo, hi)
                                      ).items():
-                key = (day.isoformat(), resource)
-                self.usage_by_day[key] = self.usage_by_day.get(key, 0) + amount
+                by_date[(date, resource)] = by_date.get((date, resource), 0) + amount
         a["rollup_time_ms"] = interval[1]
 
     def _end(self, job: _Job, state: JobState, time_ms: int) -> None:

@@ -236,10 +236,11 @@ async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[
                            batch_size: int = BATCH_SIZE, processes: int = 2,
                            progress: Progress | None = None, bulk: bool = False
                            ) -> ReplayStats:
-    """Apply every record of ``todo``, the partitions spread over ``processes`` lane processes.
+    """Apply every record of ``todo``, the partitions spread over ``processes`` lanes: the first
+    in this process, each other one in a process of its own.
 
-    Each process replays its lane as :func:`replay` does with one lane, into ``target`` through
-    a sink of its own (in bulk, with ``bulk``). If a process fails, the others are stopped and
+    Each lane is replayed as :func:`replay` does with one lane, into ``target`` through a sink
+    of its own (in bulk, with ``bulk``). If a process fails, the others are stopped and
     its error is raised here (re-raised as the same exception when it can be sent across, else as
     :class:`ReplayError`); what the lanes committed stays committed, with its offsets, so a
     replay into the same database resumes where they stopped.
@@ -249,18 +250,27 @@ async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[
     plan = lanes_of(todo, processes)
     if not plan:
         return stats
+    # The first lane runs here: a spawned process spends half a second of CPU importing what
+    # this one has loaded already, a tenth of a 100,000-event rebuild on two cores.
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and loops
     inbox: multiprocessing.queues.Queue[tuple[Any, ...]] = ctx.Queue()
-    procs = [ctx.Process(target=_lane_process, name=f"replay-lane-{i}", daemon=True,
-                         args=(i, log, target, lane, batch_size, inbox, bulk))
-             for i, lane in enumerate(plan)]
-    for p in procs:
+    procs = {i: ctx.Process(target=_lane_process, name=f"replay-lane-{i}", daemon=True,
+                            args=(i, log, target, lane, batch_size, inbox, bulk))
+             for i, lane in enumerate(plan) if i > 0}
+    for p in procs.values():
         p.start()
+    engine = lane_engine(target)
+    here = asyncio.create_task(_run_lane(log, Sink(engine, consumer=target.consumer), plan[0],
+                                         stats, batch_size, progress, bulk))
     try:
-        running = set(range(len(procs)))
+        running = set(procs)
         while running:
-            message = await asyncio.to_thread(_next, inbox, procs, running)
-            match message:
+            pump = asyncio.ensure_future(asyncio.to_thread(_next, inbox, procs, running))
+            await asyncio.wait({pump, here}, return_when=asyncio.FIRST_COMPLETED)
+            if here.done() and here.exception() is not None:
+                pump.cancel()  # _next returns within _POLL_S; the processes are killed below
+                await here
+            match await pump:
                 case ("progress", _, span, n):
                     if progress is not None:
                         progress(span, n)
@@ -269,20 +279,36 @@ async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[
                     running.discard(lane)
                 case ("error", lane, payload):
                     raise _unpickled_error(procs[lane].name, payload)
-                case _:
+                case message:
                     raise ReplayError(f"unexpected message from a lane process: {message!r}")
+        await here
     finally:
-        for p in procs:
+        if not here.done():
+            here.cancel()
+            await asyncio.gather(here, return_exceptions=True)
+        for p in procs.values():
             if p.is_alive():
                 p.kill()
-        for p in procs:
+        for p in procs.values():
             p.join()
         inbox.close()
+        engine.dispose()
     stats.wall_s = time.perf_counter() - t0
     return stats
 
 
-def _next(inbox: multiprocessing.queues.Queue[tuple[Any, ...]], procs: Sequence[BaseProcess],
+def lane_engine(target: SinkTarget) -> sa.Engine:
+    """The engine of one lane.
+
+    READ COMMITTED: lanes insert rows of different batches side by side, and REPEATABLE READ's
+    gap locks made such inserts deadlock (seen in CI). A lane's partitions have no other
+    writer, and every transaction still reads its own writes.
+    """
+    return sa.create_engine(target.db.url(), pool_size=2, max_overflow=1,
+                            isolation_level="READ COMMITTED")
+
+
+def _next(inbox: multiprocessing.queues.Queue[tuple[Any, ...]], procs: Mapping[int, BaseProcess],
           running: set[int]) -> tuple[Any, ...]:
     """The next message; raises when a running lane process exited without its last word."""
     while True:
@@ -318,11 +344,7 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequenc
                   bulk: bool = False) -> None:
     """A lane process: replay ``todo`` into ``target``, reporting progress, then its stats or
     its error, on ``outbox``."""
-    # READ COMMITTED: lanes insert rows of different batches side by side, and REPEATABLE
-    # READ's gap locks made such inserts deadlock (seen in CI). A lane's partitions have no
-    # other writer, and every transaction still reads its own writes.
-    engine = sa.create_engine(target.db.url(), pool_size=2, max_overflow=1,
-                              isolation_level="READ COMMITTED")
+    engine = lane_engine(target)
     try:
         stats = ReplayStats()
         sink = Sink(engine, consumer=target.consumer)
