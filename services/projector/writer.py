@@ -20,6 +20,7 @@ value through several calls, which was most of the projector's CPU for a bunch o
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any, cast
 
 import sqlalchemy as sa
@@ -102,7 +103,11 @@ class Literals:
 
     def rows(self, columns: Sequence[str], rows: Iterable[Row]) -> Iterator[str]:
         """``(v1, v2, ...)`` per row, the values of ``columns`` in order."""
-        for lits in self.each(map(row.__getitem__, columns) for row in rows):
+        if not columns:
+            raise ValueError("a row of no columns has no literals")
+        pick = itemgetter(*columns)  # a tuple of the values, or the value of a single column
+        tuples = map(pick, rows) if len(columns) > 1 else ((pick(row),) for row in rows)
+        for lits in self.each(tuples):
             yield "(" + ", ".join(lits) + ")"
 
     def each(self, tuples: Iterable[Iterable[object]]) -> Iterator[list[str]]:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from core.projection.ops import Delete, InsertIgnore, Op, Update, UpdateIn, Upsert
 from services.common.settings import DatabaseSettings
-from services.projector.writer import Writer
+from services.projector.writer import Literals, Writer
 
 pytestmark = pytest.mark.integration
 
@@ -179,3 +179,17 @@ def test_driver_errors_of_literal_statements_are_sqlalchemy_errors(engine: sa.En
         with pytest.raises(sa.exc.DBAPIError, match=r"1146|1054"):
             writer.flush()
         conn.rollback()
+
+
+def test_literal_rows_follow_the_column_order(engine: sa.Engine) -> None:
+    """One column or many, each row's literals come in the order of the columns asked for,
+    whatever the order of the row's own keys."""
+    with engine.connect() as conn:
+        literals = Literals.of(conn)
+        assert literals is not None
+        rows = [{"b": "x'y", "a": 1, "c": None}, {"c": True, "a": 2, "b": "z"}]
+        assert list(literals.rows(["a", "b", "c"], rows)) == [
+            "(1, 'x\\'y', NULL)", "(2, 'z', 1)"]
+        assert list(literals.rows(["b"], rows)) == ["('x\\'y')", "('z')"]
+        with pytest.raises(ValueError, match="no columns"):
+            list(literals.rows([], rows))
