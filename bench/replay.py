@@ -39,6 +39,7 @@ from schemas.control import (
 from schemas.events import AnyEvent
 from schemas.execution import JobCompleted, JobScheduled, JobStarted
 from services.audit import cli as audit_cli
+from services.audit.load import CONNECT_ARGS
 from services.audit.logread import PartitionReader
 from services.audit.replay import ReplayStats, SinkTarget, replay, replay_processes, spans
 from services.common.log import Publisher, bootstrap_topics, delete_topics, high_watermarks
@@ -279,7 +280,8 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
             db = msgspec.structs.replace(settings.db,
                                          name=f"hs_bench_replay_{uuid.uuid4().hex[:8]}")
             apply_migrations(db)
-            engine = sa.create_engine(db.url(), pool_size=n + 1, max_overflow=n)  # as rebuild
+            engine = sa.create_engine(db.url(), pool_size=n + 1, max_overflow=n,  # as rebuild
+                                      connect_args=CONNECT_ARGS)
             # Lane processes are reaped children: their CPU counts as the sink's.
             window = cpu.Window(marker, own="replay (projector sink)",
                                 children_as="replay (projector sink)")

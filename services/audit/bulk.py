@@ -26,8 +26,9 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 
 from core.projection.bulk import Timed, fold_batch
-from core.projection.ops import Op
+from core.projection.ops import InsertIgnore, Op, Row
 from schemas.base import BatchEvent
+from services.audit.load import NotLoadable, can_load, load
 from services.audit.logread import PartitionReader
 from services.audit.replay import (
     Progress,
@@ -45,8 +46,10 @@ from services.projector.writer import Writer
 
 MAX_RECORDS = 2_000_000
 """The largest partition a bulk lane holds in memory (about 1 KiB per decoded event)."""
-WRITE_ROWS = 20_000
-"""Rows (about) per transaction of folded batches."""
+WRITE_ROWS = 100_000
+"""Rows (about) per transaction of folded batches. Loading 337,000 rows of the replay bench
+in transactions of 100,000 cost 0.021 ms of CPU per event (MariaDB and Python), against 0.025
+in transactions of 20,000; inserting them cost 0.028 either way."""
 
 
 async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
@@ -137,12 +140,39 @@ def _write(engine: sa.Engine, ops: list[Op], stats: ReplayStats) -> None:
     """Write ``ops`` in one transaction, retried whole if the server rolls it back for a
     deadlock with another lane."""
 
-    def once() -> int:
+    def once() -> tuple[int, int]:
         with engine.begin() as conn:
+            rest, loads = _loads(ops) if can_load(conn) else (ops, {})
+            loaded = 0
+            for table, rows in loads.items():
+                try:
+                    load(conn, table, rows)
+                    loaded += len(rows)
+                except NotLoadable:
+                    rest.append(InsertIgnore(table, rows))
             writer = Writer(conn)
-            writer.emit(ops)
+            writer.emit(rest)
             writer.flush()
-            return writer.statements
+            return writer.statements + len(loads), loaded
 
-    stats.statements += retry_deadlocks(once)
+    statements, loaded = retry_deadlocks(once)
+    stats.statements += statements
+    stats.loaded += loaded
     stats.transactions += 1
+
+
+def _loads(ops: Sequence[Op]) -> tuple[list[Op], dict[str, list[Row]]]:
+    """``ops`` split into the rows to load (new rows of tables keyed by the batch, by table)
+    and what the writer writes, in order. Loads go first: nothing else a fold emits comes
+    before the rows it inserts."""
+    rest: list[Op] = []
+    loads: dict[str, list[Row]] = {}
+    shapes: dict[str, tuple[str, ...]] = {}
+    for op in ops:
+        if type(op) is InsertIgnore and op.rows and "batch_id" in op.rows[0]:
+            shape = tuple(op.rows[0])
+            if shapes.setdefault(op.table, shape) == shape:
+                loads.setdefault(op.table, []).extend(op.rows)
+                continue
+        rest.append(op)
+    return rest, loads

@@ -33,6 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
 from services.audit.diff import Difference
+from services.audit.load import CONNECT_ARGS
 from services.audit.replay import (
     BATCH_SIZE,
     Progress,
@@ -202,7 +203,9 @@ async def rebuild(settings: Settings, options: RebuildOptions | None = None,
                      f"partitions of {', '.join(PROJECTED_TOPICS)}")
     rebuilt_db = msgspec.structs.replace(live_db, name=target)
     # Pooled: a new connection per replayed transaction would cost more than the transaction.
-    rebuilt = sa.create_engine(rebuilt_db.url(), pool_size=2, max_overflow=1)
+    # Its connections may load files (services/audit/load.py).
+    rebuilt = sa.create_engine(rebuilt_db.url(), pool_size=2, max_overflow=1,
+                               connect_args=CONNECT_ARGS)
     live = _engine(live_db, isolation_level="REPEATABLE READ")
     try:
         apply_migrations(rebuilt_db)

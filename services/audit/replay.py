@@ -31,6 +31,7 @@ import sqlalchemy as sa
 
 from schemas import codec
 from schemas.envelope import Envelope
+from services.audit.load import CONNECT_ARGS
 from services.audit.logread import PartitionReader
 from services.common.log import Record
 from services.common.settings import DatabaseSettings, LogSettings
@@ -78,6 +79,8 @@ class ReplayStats:
     sink; counted in ``events`` too."""
     wait_s: float = 0.0
     """The sink waiting for the reader: time the log, not the database, was the bottleneck."""
+    loaded: int = 0
+    """Rows a bulk lane loaded from files (:mod:`services.audit.load`), not inserted."""
 
     @property
     def events_per_s(self) -> float:
@@ -302,10 +305,11 @@ def lane_engine(target: SinkTarget) -> sa.Engine:
 
     READ COMMITTED: lanes insert rows of different batches side by side, and REPEATABLE READ's
     gap locks made such inserts deadlock (seen in CI). A lane's partitions have no other
-    writer, and every transaction still reads its own writes.
+    writer, and every transaction still reads its own writes. Its connections may load
+    files (:mod:`services.audit.load`).
     """
     return sa.create_engine(target.db.url(), pool_size=2, max_overflow=1,
-                            isolation_level="READ COMMITTED")
+                            isolation_level="READ COMMITTED", connect_args=CONNECT_ARGS)
 
 
 def _next(inbox: multiprocessing.queues.Queue[tuple[Any, ...]], procs: Mapping[int, BaseProcess],

@@ -103,39 +103,50 @@ class Literals:
 
     def rows(self, columns: Sequence[str], rows: Iterable[Row]) -> Iterator[str]:
         """``(v1, v2, ...)`` per row, the values of ``columns`` in order."""
-        if not columns:
-            raise ValueError("a row of no columns has no literals")
-        pick = itemgetter(*columns)  # a tuple of the values, or the value of a single column
-        tuples = map(pick, rows) if len(columns) > 1 else ((pick(row),) for row in rows)
-        for lits in self.each(tuples):
+        for lits in self.each(value_tuples(columns, rows)):
             yield "(" + ", ".join(lits) + ")"
 
     def each(self, tuples: Iterable[Iterable[object]]) -> Iterator[list[str]]:
-        """The literals of each tuple of values, as :meth:`__call__` gives them.
+        """The literals of each tuple of values, as :meth:`__call__` gives them (remembered
+        per value: see :func:`rendered`)."""
+        return rendered(tuples, self._render, {None: "NULL", True: "1", False: "0"})
 
-        Dispatched inline and remembered per value for the call (rows repeat most of their
-        values: states, pools, resources, flags): a call per value was a third of a bulk
-        rebuild's time (measured). ``True == 1`` and ``False == 0`` share a literal, as they
-        render alike."""
-        escape, quote = self._escape, self._quote
-        memo: dict[object, str] = {None: "NULL", True: "1", False: "0"}
-        get = memo.get
-        for values in tuples:
-            out = []
-            for v in values:
-                lit = get(v)
-                if lit is None:
-                    t = type(v)
-                    if t is int:
-                        lit = str(v)
-                    elif t is str and quote is not None:
-                        lit = "'" + quote(cast(str, v)) + "'"
-                    else:
-                        lit = escape(v)
-                    if len(memo) < _MEMO:
-                        memo[v] = lit
-                out.append(lit)
-            yield out
+    def _render(self, v: object) -> str:
+        t = type(v)
+        if t is int:
+            return str(v)
+        if t is str and self._quote is not None:
+            return "'" + self._quote(cast(str, v)) + "'"
+        return self._escape(v)
+
+
+def value_tuples(columns: Sequence[str], rows: Iterable[Row]) -> Iterator[tuple[object, ...]]:
+    """The values of ``columns`` of each row, in order (one C call per row)."""
+    if not columns:
+        raise ValueError("a row of no columns has no values")
+    pick = itemgetter(*columns)  # a tuple of the values, or the value of a single column
+    return map(pick, rows) if len(columns) > 1 else ((pick(row),) for row in rows)
+
+
+def rendered(tuples: Iterable[Iterable[object]], render: Callable[[object], str],
+             memo: dict[object, str]) -> Iterator[list[str]]:
+    """``render`` of each value of each tuple, remembered per value for the call in ``memo``
+    (which may come with values already in it).
+
+    Rows repeat most of their values (states, pools, resources, flags): rendering each value
+    anew was a third of a bulk rebuild's time (measured). Values equal in Python share a
+    rendering (``True`` and ``1``): a renderer must render such values alike."""
+    get = memo.get
+    for values in tuples:
+        out = []
+        for v in values:
+            text = get(v)
+            if text is None:
+                text = render(v)
+                if len(memo) < _MEMO:
+                    memo[v] = text
+            out.append(text)
+        yield out
 
 
 class Writer:

@@ -168,6 +168,8 @@ def databases(db_server: DatabaseSettings) -> Iterator[list[DatabaseSettings]]:
 
 
 def _replay(log: Log, db: DatabaseSettings, *, bulk: bool, processes: int = 1) -> ReplayStats:
+    """In this process through an engine that cannot load files (folded rows are inserted),
+    or in lane processes, whose engines load them (services/audit/load.py)."""
     consumer = projector_consumer(log.settings)
     if processes > 1:
         return asyncio.run(replay_processes(log.settings, SinkTarget(db, consumer), log.todo,
@@ -190,6 +192,7 @@ def test_bulk_lanes_project_what_the_sink_projects(log: Log, db_server: Database
         stats = _replay(log, db, bulk=True, processes=processes)
         assert stats.events == total
         assert 0 < stats.folded < total
+        assert (stats.loaded > 0) == (processes > 1)
         engine = sa.create_engine(reference.url())
         try:
             with engine.connect() as a, engine.connect() as b:

@@ -1,0 +1,114 @@
+"""Bulk rows into MySQL with ``LOAD DATA LOCAL INFILE``: the rebuild's cheapest write.
+
+A folded batch's rows are new rows of tables keyed by the batch. MariaDB spends about 40% less
+CPU loading them from a tab-separated file than parsing the same values out of multi-row
+INSERT statements (measured on the replay bench's 91,000 events: 0.0133 vs 0.0217 ms of server
+CPU per event), and the rebuild is bound by the machine's CPU.
+
+Loading needs the driver's consent (PyMySQL's ``local_infile=True``, which
+:data:`CONNECT_ARGS` gives the rebuild's own engines, and only them: the server may then ask
+for any file the client can read) and the server's (``local_infile``, on in MariaDB by
+default and off in MySQL 8). :func:`can_load` asks both once per connection; without either,
+the caller writes the rows with the projector's writer as before.
+
+``LOCAL`` makes the server turn what would be errors (a duplicate key, a value that does not
+fit) into warnings, since it cannot stop the client mid-file. A load here is strict instead:
+any warning, or fewer rows than were sent, raises :class:`LoadError` and the caller's
+transaction rolls back. Only values with an exact text form are loaded (str, int, bool, None);
+rows with any other value raise :class:`NotLoadable` and go through the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from pymysql.constants import CLIENT
+
+from core.projection.ops import Row
+from services.projector.writer import rendered, value_tuples
+
+CONNECT_ARGS: dict[str, Any] = {"local_infile": True}
+"""PyMySQL's connect arguments that let a connection load local files."""
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r", "\0": "\\0"})
+# Tab-separated, backslash escapes, one line per row: the defaults, spelled out because under
+# the sql_mode NO_BACKSLASH_ESCAPES the default escape is none. The tab and the newline are
+# written as themselves, the backslash as that mode reads a string literal.
+_STATEMENT = ("LOAD DATA LOCAL INFILE %s INTO TABLE `{table}` CHARACTER SET utf8mb4 "
+              "FIELDS TERMINATED BY '\t' ENCLOSED BY '' ESCAPED BY '{backslash}' "
+              "LINES TERMINATED BY '\n' ({columns})")
+
+
+class LoadError(Exception):
+    """A load that did not insert exactly the rows sent (the server's warnings say why)."""
+
+
+class NotLoadable(TypeError):
+    """Rows with a value that has no exact text form (nothing was sent: insert them)."""
+
+
+def can_load(conn: sa.Connection) -> bool:
+    """Whether ``conn`` may ``LOAD DATA LOCAL``: its driver connection allows local files
+    and the server accepts them. Remembered on the connection's pool record."""
+    info = conn.connection.info
+    known = info.get("hs_can_load")
+    if known is None:
+        flags = getattr(conn.connection.dbapi_connection, "client_flag", 0)
+        known = bool(flags & CLIENT.LOCAL_FILES) and bool(
+            conn.exec_driver_sql("SELECT @@local_infile").scalar())
+        info["hs_can_load"] = known
+    return bool(known)
+
+
+def text(value: object) -> str:
+    """``value`` as a field of the load file (``\\N`` is NULL)."""
+    if value is None:
+        return "\\N"
+    t = type(value)
+    if t is bool:
+        return "1" if value else "0"
+    if t is int:
+        return str(value)
+    if t is str:
+        return str(value).translate(_ESCAPES)
+    raise TypeError(f"no load-file form for {t.__name__} values")
+
+
+def lines(columns: Sequence[str], rows: Iterable[Row]) -> Iterator[str]:
+    """The load file's lines: the values of ``columns`` of each row, tab-separated (each
+    distinct value rendered once). TypeError for a value :func:`text` has no form for."""
+    for fields in rendered(value_tuples(columns, rows), text, {None: "\\N"}):
+        yield "\t".join(fields) + "\n"
+
+
+def load(conn: sa.Connection, table: str, rows: Sequence[Row], *,
+         scratch: str | None = None) -> None:
+    """Insert ``rows`` (dicts with the same keys) into ``table`` on ``conn``, in the caller's
+    transaction; :class:`LoadError` unless exactly they were inserted, without a warning,
+    :class:`NotLoadable` (before anything is sent) for a value without a text form."""
+    if not rows:
+        return
+    columns = list(rows[0])
+    try:
+        body = "".join(lines(columns, rows)).encode()
+    except TypeError as e:  # nothing was sent
+        raise NotLoadable(f"rows of {table}: {e}") from None
+    fd, path = tempfile.mkstemp(prefix=f"hs-load-{table}-", suffix=".tsv", dir=scratch)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        mode = str(conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar())
+        sql = _STATEMENT.format(
+            table=table, columns=", ".join(f"`{c}`" for c in columns),
+            backslash="\\" if "NO_BACKSLASH_ESCAPES" in mode else "\\\\")
+        inserted = conn.exec_driver_sql(sql, (path,)).rowcount
+        warnings = conn.exec_driver_sql("SHOW WARNINGS LIMIT 5").all()
+    finally:
+        os.unlink(path)
+    if inserted != len(rows) or warnings:
+        said = "; ".join(f"{w[0]} {w[1]}: {w[2]}" for w in warnings) or "no warning"
+        raise LoadError(f"loading {len(rows)} rows into {table} inserted {inserted} ({said})")

@@ -1,0 +1,152 @@
+"""Loading rows from files: exact values back, strict about what the server would only warn."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.projection.ops import Increment, InsertIgnore, Op, Row
+from services.audit.bulk import _loads, _write
+from services.audit.load import CONNECT_ARGS, LoadError, NotLoadable, can_load, lines, load
+from services.audit.replay import ReplayStats
+from services.common.settings import DatabaseSettings
+
+pytestmark = pytest.mark.integration
+
+TABLE = "hs_load_test"
+TRICKY = ["%s", "it's \"q\"", "back\\slash\\", "tab\tnl\nr\r", "ünï 😀", "nul\x00z",
+          "\\N", "N", "\x1a;--", "", "  padded  "]
+
+
+@pytest.fixture(scope="module")
+def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(migrated_db.url(), connect_args=CONNECT_ARGS)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {TABLE}")
+        conn.exec_driver_sql(f"CREATE TABLE {TABLE} (id INT NOT NULL PRIMARY KEY, s TEXT NULL, "
+                             "n BIGINT NULL, flag BOOLEAN NULL, short VARCHAR(4) NULL) "
+                             "DEFAULT CHARSET=utf8mb4")
+    yield engine
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE {TABLE}")
+    engine.dispose()
+
+
+def _read(conn: sa.Connection) -> list[tuple[object, ...]]:
+    return [tuple(r) for r in conn.exec_driver_sql(
+        f"SELECT id, s, n, flag, short FROM {TABLE} ORDER BY id")]
+
+
+@pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
+def test_values_read_back_exactly(engine: sa.Engine, no_backslash_escapes: bool) -> None:
+    rows: list[Row] = [
+        {"id": i, "s": s, "n": n, "flag": flag, "short": short}
+        for i, (s, n, flag, short) in enumerate([
+            *((t, i, i % 2 == 0, None) for i, t in enumerate(TRICKY)),
+            (None, None, None, "abcd"), ("x", -(2 ** 63), True, ""),
+            ("y", 2 ** 63 - 1, False, "1")])]
+    with engine.connect() as conn:
+        if no_backslash_escapes:
+            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
+                                 "',NO_BACKSLASH_ESCAPES')")
+            conn.commit()
+        trans = conn.begin()
+        try:
+            assert can_load(conn)
+            load(conn, TABLE, rows)
+            assert _read(conn) == [
+                (r["id"], r["s"], r["n"], None if r["flag"] is None else int(bool(r["flag"])),
+                 r["short"]) for r in rows]
+        finally:
+            trans.rollback()
+            if no_backslash_escapes:
+                conn.exec_driver_sql("SET SESSION sql_mode = "
+                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
+                conn.commit()
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.none(), st.text(max_size=30)), min_size=1, max_size=8))
+def test_any_text_reads_back(engine: sa.Engine, texts: list[str | None]) -> None:
+    rows: list[Row] = [{"id": i, "s": t} for i, t in enumerate(texts)]
+    with engine.connect() as conn, conn.begin() as trans:
+        load(conn, TABLE, rows)
+        got = [s for _, s, *_ in _read(conn)]
+        trans.rollback()
+    # MariaDB's utf8mb4 stores every code point but the surrogates (not valid UTF-8).
+    assert got == texts
+
+
+@pytest.mark.parametrize(("rows", "why"), [
+    ([{"id": 1, "short": "x"}, {"id": 1, "short": "y"}], "Duplicate entry"),
+    ([{"id": 1, "short": "too long"}], "short"),
+], ids=["duplicate-key", "too-long"])
+def test_what_the_server_only_warns_about_fails_the_load(engine: sa.Engine, rows: list[Row],
+                                                        why: str) -> None:
+    """LOCAL makes the server skip such rows with a warning; a load raises instead, and the
+    transaction leaves nothing behind."""
+    with engine.connect() as conn:
+        with pytest.raises(LoadError, match=why), conn.begin():
+            conn.exec_driver_sql(f"INSERT INTO {TABLE} (id) VALUES (99)")
+            load(conn, TABLE, rows)
+        assert _read(conn) == []
+
+
+def test_values_without_a_text_form_are_refused_before_anything_is_sent(
+        engine: sa.Engine) -> None:
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(NotLoadable, match="float"):
+            load(conn, TABLE, [{"id": 1, "n": 1}, {"id": 2, "n": 1.5}])
+        assert _read(conn) == []
+    with pytest.raises(TypeError):
+        list(lines(["a"], [{"a": b"x"}]))
+    assert list(lines(["a", "b"], [{"b": None, "a": True}, {"a": 1, "b": "t\tx"}])) == [
+        "1\t\\N\n", "1\tt\\tx\n"]
+
+
+def test_rows_that_cannot_be_loaded_are_inserted(engine: sa.Engine) -> None:
+    """The bulk lane's write: loadable rows loaded, the others through the writer."""
+    stats = ReplayStats()
+    ops: list[Op] = [InsertIgnore("attempts", [{"batch_id": 990_002, "job_id": 1,
+                                                "attempt_id": "a", "start_time_ms": 5}]),
+                     InsertIgnore("attempt_resources", [{
+                         "batch_id": 990_002, "job_id": 1, "attempt_id": "a",
+                         "resource": "r", "quantity": Decimal(3)}])]
+    try:
+        _write(engine, ops, stats)
+        assert stats.loaded == 1
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql(
+                "SELECT a.start_time_ms, r.quantity FROM attempts a JOIN attempt_resources r "
+                "USING (batch_id, job_id, attempt_id) WHERE batch_id = 990002").all() == [(5, 3)]
+    finally:
+        with engine.begin() as conn:
+            for table in ("attempts", "attempt_resources"):
+                conn.exec_driver_sql(f"DELETE FROM {table} WHERE batch_id = 990002")
+
+
+def test_a_connection_without_consent_does_not_load(migrated_db: DatabaseSettings) -> None:
+    plain = sa.create_engine(migrated_db.url())
+    try:
+        with plain.connect() as conn:
+            assert not can_load(conn)
+    finally:
+        plain.dispose()
+
+
+def test_only_new_rows_of_batch_tables_of_one_shape_are_loaded() -> None:
+    jobs_a = InsertIgnore("jobs", [{"batch_id": 1, "job_id": 1}])
+    jobs_b = InsertIgnore("jobs", [{"batch_id": 2, "job_id": 1}])
+    other_shape = InsertIgnore("jobs", [{"batch_id": 3, "job_id": 1, "state": "Ready"}])
+    unkeyed = InsertIgnore("users", [{"user": "u"}])
+    inc = Increment("event_rates", {"minute": 1, "kind": "SJ", "token": 0}, {"n": 1})
+    ops: list[Op] = [jobs_a, unkeyed, inc, jobs_b, other_shape]
+    rest, loads = _loads(ops)
+    assert loads == {"jobs": [*jobs_a.rows, *jobs_b.rows]}
+    assert rest == [unkeyed, inc, other_shape]
