@@ -57,6 +57,7 @@ class LocalLogStore:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+        self._root = os.fspath(root)
 
     def directory(self, batch_id: int) -> Path:
         """The batch's directory (not created)."""
@@ -68,11 +69,14 @@ class LocalLogStore:
         return self.directory(batch_id) / f"{int(job_id)}+{attempt_id}+{container}.log"
 
     def writer(self, batch_id: int, job_id: int, attempt_id: str, container: str) -> FileLogSink:
-        path = self.path(batch_id, job_id, attempt_id, container)
+        # Strings, not pathlib: this runs once per job on the worker's event loop.
+        _check(attempt_id, container)
+        directory = f"{self._root}/{int(batch_id)}"
+        path = f"{directory}/{int(job_id)}+{attempt_id}+{container}.log"
         try:
             return FileLogSink.at(path)
         except FileNotFoundError:  # the batch's first log here
-            path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
             return FileLogSink.at(path)
 
     def read(self, batch_id: int, job_id: int, attempt_id: str, container: str) -> bytes | None:

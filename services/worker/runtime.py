@@ -82,15 +82,20 @@ class FileLogSink:
 
     def __init__(self, directory: str | os.PathLike[str], name: str = "main") -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self.path = Path(directory) / f"{name}.log"
-        self._file = open(self.path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+        self._path = os.path.join(directory, f"{name}.log")
+        self._file = open(self._path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+
+    @property
+    def path(self) -> Path:
+        """The log file."""
+        return Path(self._path)
 
     @classmethod
-    def at(cls, path: Path) -> FileLogSink:
+    def at(cls, path: str) -> FileLogSink:
         """A log written to the file ``path`` itself; its directory must exist
         (FileNotFoundError otherwise): no directory is created, which costs a short job."""
         sink = cls.__new__(cls)
-        sink.path = path
+        sink._path = path
         sink._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
         return sink
 
