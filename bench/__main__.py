@@ -78,8 +78,8 @@ def main() -> None:
                         help="log, ingest, execution, replay, scheduler-memory (default: all)")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--jobs", type=int, default=100_000)
-    parser.add_argument("--exec-jobs", type=int, default=10_000)
-    parser.add_argument("--replay-jobs", type=int, default=4_000)
+    parser.add_argument("--exec-jobs", type=int, default=100_000)  # the target's batch
+    parser.add_argument("--replay-jobs", type=int, default=100_000)  # ~300,000 events
     parser.add_argument("--sched-jobs", type=int, default=10_000_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
