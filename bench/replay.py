@@ -39,6 +39,7 @@ from schemas.control import (
 from schemas.events import AnyEvent
 from schemas.execution import JobCompleted, JobScheduled, JobStarted
 from services.audit import cli as audit_cli
+from services.audit.bulk import write_ops
 from services.audit.load import CONNECT_ARGS
 from services.audit.logread import PartitionReader
 from services.audit.replay import ReplayStats, SinkTarget, replay, replay_processes, spans
@@ -52,7 +53,6 @@ from services.common.settings import (
 )
 from services.projector.app import PROJECTED_TOPICS
 from services.projector.sink import Sink
-from services.projector.writer import Writer
 from sql.migrate import apply_migrations
 
 T0 = 1_767_225_600_000
@@ -173,7 +173,7 @@ def _copy_floor(server: DatabaseSettings, source: str, n_events: int) -> dict[st
     on this machine from above."""
     target = msgspec.structs.replace(server, name=f"hs_bench_copy_{uuid.uuid4().hex[:8]}")
     apply_migrations(target)
-    engine = sa.create_engine(target.url(), poolclass=NullPool)
+    engine = sa.create_engine(target.url(), poolclass=NullPool, connect_args=CONNECT_ARGS)
     try:
         with engine.begin() as conn:
             tables = [t for (t,) in conn.exec_driver_sql(
@@ -210,9 +210,9 @@ def _copy_floor(server: DatabaseSettings, source: str, n_events: int) -> dict[st
 
 def _client_copy(conn: sa.Connection, source: str, tables: list[str], n_events: int
                  ) -> dict[str, Any]:
-    """The same rows sent again from Python by the projector's writer (multi-row inserts with
-    literal values, as bulk lanes write them), into emptied tables: the CPU any replay written
-    in Python spends only to hand the projection's rows to MariaDB, before folding a single
+    """The same rows sent again from Python as bulk lanes write them (loaded from files, or
+    multi-row inserts with literal values), into emptied tables: the CPU any replay written in
+    Python spends only to hand the projection's rows to MariaDB, before folding a single
     event, MariaDB's share included."""
     data = {t: [dict(r) for r in conn.exec_driver_sql(
         f"SELECT * FROM `{source}`.`{t}`").mappings()] for t in tables}
@@ -220,9 +220,7 @@ def _client_copy(conn: sa.Connection, source: str, tables: list[str], n_events: 
         conn.exec_driver_sql(f"DELETE FROM `{t}`")
     window = cpu.Window(b"HS_NO_PROCESS_HAS_THIS", own="python client")
     window.start()
-    writer = Writer(conn)
-    writer.emit(InsertIgnore(t, rows) for t, rows in data.items() if rows)
-    writer.flush()
+    write_ops(conn, [InsertIgnore(t, rows) for t, rows in data.items() if rows])
     spent = window.stop(n_events, unit="event")
     return {"client_copy_cpu_ms_per_event": spent["cpu_ms_per_event"],
             "client_copy_cpu_ms_per_event_total": spent["cpu_ms_per_event_total"],

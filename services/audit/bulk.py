@@ -142,23 +142,31 @@ def _write(engine: sa.Engine, ops: list[Op], stats: ReplayStats) -> None:
 
     def once() -> tuple[int, int]:
         with engine.begin() as conn:
-            rest, loads = _loads(ops) if can_load(conn) else (ops, {})
-            loaded = 0
-            for table, rows in loads.items():
-                try:
-                    load(conn, table, rows)
-                    loaded += len(rows)
-                except NotLoadable:
-                    rest.append(InsertIgnore(table, rows))
-            writer = Writer(conn)
-            writer.emit(rest)
-            writer.flush()
-            return writer.statements + len(loads), loaded
+            return write_ops(conn, ops)
 
     statements, loaded = retry_deadlocks(once)
     stats.statements += statements
     stats.loaded += loaded
     stats.transactions += 1
+
+
+def write_ops(conn: sa.Connection, ops: Sequence[Op]) -> tuple[int, int]:
+    """Write ``ops`` on ``conn`` (in the caller's transaction) as a bulk lane does: new rows
+    of tables keyed by the batch loaded from files when the connection can
+    (:mod:`services.audit.load`), the rest by the projector's writer. Returns the statements
+    and the rows loaded."""
+    rest, loads = _loads(ops) if can_load(conn) else (list(ops), {})
+    loaded = 0
+    for table, rows in loads.items():
+        try:
+            load(conn, table, rows)
+            loaded += len(rows)
+        except NotLoadable:
+            rest.append(InsertIgnore(table, rows))
+    writer = Writer(conn)
+    writer.emit(rest)
+    writer.flush()
+    return writer.statements + len(loads), loaded
 
 
 def _loads(ops: Sequence[Op]) -> tuple[list[Op], dict[str, list[Row]]]:
