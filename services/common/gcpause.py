@@ -8,7 +8,9 @@ collection, so the collector only burns CPU: measured on 91,000 bench events, de
 
 Only reference cycles need the collector; everything else is freed by reference counting as
 usual. A paused step is bounded (one span of records), so the cycles it may leave are bounded
-too, and the collector runs again as soon as the step ends.
+too, and the collector runs again as soon as the step ends. A step should drop what it holds
+before its pause ends: the collector counts objects allocated and not yet freed, so the first
+collection after the pause would scan everything still held.
 
 Pauses nest and may overlap (lanes of one process interleave on its event loop): the collector
 is off while any pause is open, and comes back on when the last one closes, if it was on
