@@ -122,7 +122,7 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
            f"; MariaDB copying the replayed rows server-side: "
            f"{_get(results, 'replay', 'copy_floor_events_per_s_2_cores')} events/s on 2 cores")
         + ("" if _get(results, "replay", "no_fold_ceiling_events_per_s") is None else
-           f"; reading the log and writing the rows with the projector's writer, no fold at "
+           f"; reading the log and writing the rows as bulk lanes do, no fold at "
            f"all: at most {_get(results, 'replay', 'no_fold_ceiling_events_per_s')} events/s "
            f"with every core on it")))
     gib = _get(results, "scheduler-memory", "projected_gib_at_10m_jobs")

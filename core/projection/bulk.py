@@ -26,7 +26,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_co
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED
 from core.projection.execution import JobFacts, move
 from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
-from core.projection.instances import RATE_KINDS, minute_of
+from core.projection.instances import MINUTE_MS, RATE_KINDS
 from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
 from schemas.base import AttemptResource, BatchEvent, JobState
 from schemas.batch import BatchCreated, JobsSubmitted, UpdateCommitted, UpdateOpened
@@ -187,23 +187,36 @@ class _Fold:
         return True
 
     # --- execution ----------------------------------------------------------------------
-    def execute(self, event: JobScheduled | JobStarted | JobCompleted | AttemptHeartbeat,
-                time_ms: int) -> bool:
-        job = self.jobs.get(event.job_id)
+    def _executed(self, job_id: int, kind: str | None, time_ms: int) -> _Job | None:
+        """The committed job an execution event is about, its ``event_rates`` kind counted.
+
+        None: the event is not of this path's history.
+        """
+        job = self.jobs.get(job_id)
         if not self.committed or job is None:
-            return False
-        kind = RATE_KINDS.get(type(event))
+            return None
         if kind is not None:
-            key = (minute_of(time_ms), kind)
+            key = (time_ms // MINUTE_MS, kind)
             self.rates[key] = self.rates.get(key, 0) + 1
-        match event:
-            case JobScheduled() | JobStarted():
-                self._start(job, event)
-            case JobCompleted():
-                self._completed(job, event, time_ms)
-            case AttemptHeartbeat():
-                self._bill(job, event.attempt_id, event.rollup_time_ms)
-        return True
+        return job
+
+    def start(self, event: JobScheduled | JobStarted, time_ms: int) -> bool:
+        job = self._executed(event.job_id, RATE_KINDS[type(event)], time_ms)
+        if job is not None:
+            self._start(job, event)
+        return job is not None
+
+    def completed(self, event: JobCompleted, time_ms: int) -> bool:
+        job = self._executed(event.job_id, RATE_KINDS[JobCompleted], time_ms)
+        if job is not None:
+            self._completed(job, event, time_ms)
+        return job is not None
+
+    def heartbeat(self, event: AttemptHeartbeat, time_ms: int) -> bool:
+        job = self._executed(event.job_id, None, time_ms)
+        if job is not None:
+            self._bill(job, event.attempt_id, event.rollup_time_ms)
+        return job is not None
 
     def _attempt(self, job_id: int, attempt_id: str, instance: str,
                  resources: Sequence[AttemptResource]) -> _Attempt:
@@ -389,19 +402,14 @@ def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
     created, time_ms = events[0]
     assert isinstance(created, BatchCreated)
     fold = _Fold(created, time_ms, token)
+    # By exact type, as the schemas' event classes are final: one dict lookup per event.
+    step: dict[type, Callable[[Any, int], bool]] = {
+        UpdateOpened: fold.opened, JobsSubmitted: lambda e, _: fold.submitted(e),
+        UpdateCommitted: fold.commit, JobScheduled: fold.start, JobStarted: fold.start,
+        JobCompleted: fold.completed, AttemptHeartbeat: fold.heartbeat}
     for event, t in events[1:]:
-        match event:
-            case UpdateOpened():
-                ok = fold.opened(event, t)
-            case JobsSubmitted():
-                ok = fold.submitted(event)
-            case UpdateCommitted():
-                ok = fold.commit(event, t)
-            case JobScheduled() | JobStarted() | JobCompleted() | AttemptHeartbeat():
-                ok = fold.execute(event, t)
-            case _:
-                ok = False
-        if not ok:
+        handle = step.get(type(event))
+        if handle is None or not handle(event, t):
             return None
     return fold.finish()
 
