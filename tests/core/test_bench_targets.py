@@ -77,3 +77,14 @@ def test_floors_outside_the_project_are_stated_beside_the_figures() -> None:
     bare = {a.figure: a.note for a in assess({"ingest": {"submit_seconds": 16.0,
                                                           "jobs": 100_000}})}
     assert "alone" not in bare["1,000,000-job submit (hailtop)"]
+
+
+def test_the_official_clients_own_cpu_is_stated_and_scaled() -> None:
+    def note(jobs: int, client_s: float) -> str:
+        (submit,) = [a for a in assess({"ingest": {
+            "submit_seconds": 90.0, "jobs": jobs, "client_cpu_seconds": client_s}})
+            if a.figure.startswith("1,000,000-job submit")]
+        return submit.note
+    assert "own CPU, one thread: 20.4 s" in note(1_000_000, 20.4)
+    assert "scaled" not in note(1_000_000, 20.4).split("own CPU")[1]
+    assert "0.8 s for 100,000 jobs (8.0 s scaled to 1M)" in note(100_000, 0.8)
