@@ -92,7 +92,7 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             if n != 1_000_000:
                 note += f" for {n:,} jobs ({client_s * 1_000_000 / n:.1f} s scaled to 1M)"
         out.append(Assessment("1,000,000-job submit (hailtop)", f"{projected:.1f} s", "< 20 s",
-                              projected < 20, note))
+                              projected < 20, note.removeprefix("; ")))
     small = _get(results, "ingest", "status_ms_at_1000_jobs")
     big = _get(results, "ingest", f"status_ms_at_{n}_jobs") if n else None
     if small is None or big is None:

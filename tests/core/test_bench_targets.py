@@ -86,5 +86,6 @@ def test_the_official_clients_own_cpu_is_stated_and_scaled() -> None:
             if a.figure.startswith("1,000,000-job submit")]
         return submit.note
     assert "own CPU, one thread: 20.4 s" in note(1_000_000, 20.4)
+    assert not note(1_000_000, 20.4).startswith(";")
     assert "scaled" not in note(1_000_000, 20.4).split("own CPU")[1]
     assert "0.8 s for 100,000 jobs (8.0 s scaled to 1M)" in note(100_000, 0.8)
