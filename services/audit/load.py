@@ -48,7 +48,8 @@ class LoadError(Exception):
 
 
 class NotLoadable(TypeError):
-    """Rows with a value that has no exact text form (nothing was sent: insert them)."""
+    """Rows that cannot be loaded: a value without an exact text form, or no space for the
+    file. Nothing was sent: insert them instead."""
 
 
 def can_load(conn: sa.Connection) -> bool:
@@ -97,10 +98,16 @@ def load(conn: sa.Connection, table: str, rows: Sequence[Row], *,
         body = "".join(lines(columns, rows)).encode()
     except TypeError as e:  # nothing was sent
         raise NotLoadable(f"rows of {table}: {e}") from None
-    fd, path = tempfile.mkstemp(prefix=f"hs-load-{table}-", suffix=".tsv", dir=scratch)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(body)
+        fd, path = tempfile.mkstemp(prefix=f"hs-load-{table}-", suffix=".tsv", dir=scratch)
+    except OSError as e:  # no writable scratch space (a read-only /tmp): insert instead
+        raise NotLoadable(f"no file for the rows of {table}: {e}") from None
+    try:
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+        except OSError as e:  # a full disk: nothing was sent
+            raise NotLoadable(f"no file for the rows of {table}: {e}") from None
         mode = str(conn.exec_driver_sql("SELECT @@SESSION.sql_mode").scalar())
         sql = _STATEMENT.format(
             table=table, columns=", ".join(f"`{c}`" for c in columns),

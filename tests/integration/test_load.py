@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -150,3 +151,11 @@ def test_only_new_rows_of_batch_tables_of_one_shape_are_loaded() -> None:
     rest, loads = _loads(ops)
     assert loads == {"jobs": [*jobs_a.rows, *jobs_b.rows]}
     assert rest == [unkeyed, inc, other_shape]
+
+
+def test_no_scratch_space_means_the_rows_are_inserted_instead(engine: sa.Engine,
+                                                             tmp_path: Path) -> None:
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(NotLoadable, match="no file"):
+            load(conn, TABLE, [{"id": 1, "s": "x"}], scratch=str(tmp_path / "missing"))
+        assert _read(conn) == []
