@@ -1,8 +1,14 @@
-"""``python -m services.projector``: run the projector until stopped (SIGTERM or Ctrl-C)."""
+"""``python -m services.projector``: run the projector until stopped (SIGTERM or Ctrl-C).
+
+``HS_PROJECTOR_BATCH_WITHIN_MS`` (default 10) is how long a batch of events waits to fill
+before it is applied: longer means fewer, larger transactions (less CPU per event) and longer
+read-your-writes waits (see ``services.projector.app.BATCH_WITHIN_ENV``).
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import faust
@@ -10,15 +16,19 @@ import sqlalchemy as sa
 
 from services.common.metrics import metrics_host, metrics_port
 from services.common.settings import load_settings
-from services.projector.app import create_app
+from services.projector.app import batch_within_s, create_app
 
 
 def main() -> None:
     settings = load_settings()
+    try:
+        within_s = batch_within_s(os.environ)
+    except ValueError as e:
+        sys.exit(f"projector: {e}")
     engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
                               pool_pre_ping=True)
     app = create_app(settings, engine, metrics_port=metrics_port("projector"),
-                     metrics_host=metrics_host())
+                     metrics_host=metrics_host(), within_s=within_s)
     worker = faust.Worker(app, loglevel=logging.INFO, quiet=True)
     try:
         worker.execute_from_commandline()

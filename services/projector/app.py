@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import faust
@@ -33,6 +33,26 @@ log = logging.getLogger(__name__)
 PROJECTED_TOPICS = (logical_topics.CONTROL, logical_topics.BATCH, logical_topics.SCHEDULER)
 BATCH_SIZE = 2_000
 BATCH_WITHIN_S = 0.01  # a batch waits at most this long to fill: latency on the serial path
+BATCH_WITHIN_ENV = "HS_PROJECTOR_BATCH_WITHIN_MS"
+"""Overrides :data:`BATCH_WITHIN_S`. Longer waits make fewer, larger transactions: at 50 ms the
+projector spent 11% less CPU per no-op job and MariaDB 25% less, and the execution bench ran
+536-654 jobs/s against 449-516 at 10 ms (interleaved runs). But every write a client waits on
+(read-your-writes) may wait that much longer."""
+
+
+def batch_within_s(env: Mapping[str, str]) -> float:
+    """The batch wait :data:`BATCH_WITHIN_ENV` asks for, in seconds (default
+    :data:`BATCH_WITHIN_S`); ValueError, saying why, for a value that is not 0-5000 ms."""
+    raw = env.get(BATCH_WITHIN_ENV)
+    if raw is None or raw == "":
+        return BATCH_WITHIN_S
+    try:
+        ms = int(raw)
+    except ValueError:
+        raise ValueError(f"{BATCH_WITHIN_ENV} must be whole milliseconds, not {raw!r}") from None
+    if not 0 <= ms <= 5_000:
+        raise ValueError(f"{BATCH_WITHIN_ENV} must be between 0 and 5000 ms, not {ms}")
+    return ms / 1000
 
 
 def _records(events: Iterable[Any], logical: dict[str, str]) -> list[Record]:
@@ -66,9 +86,11 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
 
 
 def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER,
-               metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> faust.App:
+               metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
+               within_s: float = BATCH_WITHIN_S) -> faust.App:
     """The projector app. ``name`` is its group id and the owner of its stored offsets.
-    With ``metrics_port``, it serves ``/metrics`` there and refreshes its consumer lag."""
+    With ``metrics_port``, it serves ``/metrics`` there and refreshes its consumer lag.
+    ``within_s``: how long a batch of events waits to fill before it is applied."""
     s = settings.log
     app = faust.App(
         f"{s.topic_prefix}{name}",
@@ -107,7 +129,7 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
 
         async def project(stream: faust.StreamT[bytes]) -> None:
             # take_events exists on faust-streaming's Stream but not on its StreamT protocol.
-            batches = stream.take_events(BATCH_SIZE, within=BATCH_WITHIN_S)  # type: ignore[attr-defined]
+            batches = stream.take_events(BATCH_SIZE, within=within_s)  # type: ignore[attr-defined]
             async for events in batches:
                 records = _records(events, logical)
                 started = time.perf_counter()
