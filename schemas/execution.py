@@ -44,6 +44,8 @@ class JobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
 
     ``status`` is the worker's status document (JSON text, as clients read it under
     ``status``), ``error`` a short human-readable error when the job did not run to an exit.
+    ``start_reported`` is False when the attempt ended before the worker published its MJS:
+    this MJC reports the start too (with ``start_time_ms`` and ``resources``).
     """
 
     job_id: int
@@ -56,6 +58,7 @@ class JobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
     end_time_ms: int
     resources: list[AttemptResource] = []
     status: str | None = None
+    start_reported: bool = True
 
 
 class AttemptHeartbeat(BatchEvent, frozen=True, kw_only=True, tag="attempt.heartbeat"):

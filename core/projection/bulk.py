@@ -37,7 +37,7 @@ from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_co
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED
 from core.projection.execution import JobFacts, move
 from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
-from core.projection.instances import MINUTE_MS, RATE_KINDS
+from core.projection.instances import MINUTE_MS, rate_kinds
 from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
 from schemas.base import AttemptResource, BatchEvent, JobState
 from schemas.batch import BatchCreated, JobsSubmitted, UpdateCommitted, UpdateOpened
@@ -187,33 +187,33 @@ class _Fold:
         return True
 
     # --- execution ----------------------------------------------------------------------
-    def _executed(self, job_id: int, kind: str | None, time_ms: int) -> _Job | None:
-        """The committed job an execution event is about, its ``event_rates`` kind counted.
+    def _executed(self, job_id: int, kinds: tuple[str, ...], time_ms: int) -> _Job | None:
+        """The committed job an execution event is about, its ``event_rates`` kinds counted.
 
         None: the event is not of this path's history.
         """
         job = self.jobs.get(job_id)
         if not self.committed or job is None:
             return None
-        if kind is not None:
+        for kind in kinds:
             key = (time_ms // MINUTE_MS, kind)
             self.rates[key] = self.rates.get(key, 0) + 1
         return job
 
     def start(self, event: JobScheduled | JobStarted, time_ms: int) -> bool:
-        job = self._executed(event.job_id, RATE_KINDS[type(event)], time_ms)
+        job = self._executed(event.job_id, rate_kinds(event), time_ms)
         if job is not None:
             self._start(job, event)
         return job is not None
 
     def completed(self, event: JobCompleted, time_ms: int) -> bool:
-        job = self._executed(event.job_id, RATE_KINDS[JobCompleted], time_ms)
+        job = self._executed(event.job_id, rate_kinds(event), time_ms)
         if job is not None:
             self._completed(job, event, time_ms)
         return job is not None
 
     def heartbeat(self, event: AttemptHeartbeat, time_ms: int) -> bool:
-        job = self._executed(event.job_id, None, time_ms)
+        job = self._executed(event.job_id, (), time_ms)
         if job is not None:
             self._bill(job, event.attempt_id, event.rollup_time_ms)
         return job is not None

@@ -23,7 +23,9 @@ them either, so the projection agrees with what every scheduler replica believes
 
 ``event_rates`` counts SJ, MJS, MJC and job cancellations per minute of the envelope's time,
 tokenized by projector partition. Every applied record of those kinds counts once, duplicates
-(a worker's retried MJC) included: it is a rate of events on the log, not of state changes. The
+(a worker's retried MJC) included: it is a rate of events on the log, not of state changes. An
+MJC that reports its attempt's start too (``start_reported`` False: the attempt ended before the
+worker's MJS was due) counts as an MJS and an MJC, so MJS stays the rate of starts. The
 projector applies each record exactly once, so replays give the same counts.
 """
 
@@ -59,8 +61,22 @@ def minute_of(time_ms: int) -> int:
     return time_ms // MINUTE_MS
 
 
+def rate_kinds(event: AnyEvent) -> tuple[str, ...]:
+    """The ``event_rates`` kinds one event counts as.
+
+    None, one, or both MJS and MJC for an MJC whose attempt's start was not reported on its own
+    (``start_reported`` False).
+    """
+    kind = RATE_KINDS.get(type(event))
+    if kind is None:
+        return ()
+    if isinstance(event, JobCompleted) and not event.start_reported:
+        return (RATE_KINDS[JobStarted], kind)
+    return (kind,)
+
+
 def count_event(event: AnyEvent, time_ms: int, token: int) -> list[Increment]:
-    """The ``event_rates`` increment of one applied event (none if its kind is not counted).
+    """The ``event_rates`` increments of one applied event (none if its kind is not counted).
 
     Args:
         event: The event.
@@ -68,14 +84,12 @@ def count_event(event: AnyEvent, time_ms: int, token: int) -> list[Increment]:
         token: The projector partition's token.
 
     Returns:
-        One increment of ``n`` by 1, or nothing.
+        One increment of ``n`` by 1 per kind of :func:`rate_kinds`.
 
     """
-    kind = RATE_KINDS.get(type(event))
-    if kind is None:
-        return []
-    return [Increment("event_rates", {"minute": minute_of(time_ms), "kind": kind,
-                                      "token": token}, {"n": 1})]
+    minute = minute_of(time_ms)
+    return [Increment("event_rates", {"minute": minute, "kind": kind, "token": token}, {"n": 1})
+            for kind in rate_kinds(event)]
 
 
 def fold_instance(event: InstanceEvent, time_ms: int) -> list[Op]:

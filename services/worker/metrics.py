@@ -1,4 +1,5 @@
-"""The worker's metrics: MJS and MJC published, running attempts, and spawn latency.
+"""The worker's metrics: MJS and MJC published, MJS left to the MJC, running attempts, and
+spawn latency.
 
 A worker serves them on its own HTTP port (``GET /metrics``), beside the dispatch API.
 """
@@ -14,6 +15,9 @@ from schemas.execution import JobCompleted, JobStarted
 from services.common.metrics import counter, gauge, histogram
 
 MJS_PUBLISHED = counter("hs_worker_mjs_published", "Job starts (MJS events) the log accepted.")
+MJS_COALESCED = counter(
+    "hs_worker_mjs_coalesced",
+    "Attempts that ended before their MJS was due: their MJC alone reported the start.")
 MJC_PUBLISHED = counter("hs_worker_mjc_published",
                         "Job completions (MJC events) the log accepted, by final state.",
                         ["state"])
@@ -46,6 +50,11 @@ def reported(event: AnyEvent) -> None:
         if child is None:
             child = _by_state[event.state] = MJC_PUBLISHED.labels(event.state)
         child.inc()
+
+
+def start_coalesced() -> None:
+    """An attempt ended before its MJS was due: its MJC alone reports its start."""
+    MJS_COALESCED.inc()
 
 
 def spawned(accepted_ms: int, started_ms: int) -> None:

@@ -206,8 +206,10 @@ def job_completed(
     *,
     instance_name: str,
     resources: Iterable[AttemptResource] = (),
+    start_reported: bool = True,
 ) -> JobCompleted:
-    """The MJC of an attempt, from its status document (which it carries as JSON text)."""
+    """The MJC of an attempt, from its status document (which it carries as JSON text).
+    ``start_reported``: False if no MJS was published for the attempt."""
     return JobCompleted(
         batch_id=status["batch_id"],
         job_id=status["job_id"],
@@ -220,4 +222,5 @@ def job_completed(
         end_time_ms=status["end_time"],
         resources=list(resources),
         status=msgspec.json.encode(status).decode(),
+        start_reported=start_reported,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from core.projection.instances import count_event, fold_election, fold_instance, minute_of
@@ -145,3 +146,10 @@ def test_counts_merge_per_minute_and_kind_and_duplicates_count() -> None:
               for op in merge_increments(ops)}
     assert merged == {(0, "SJ"): 3, (1, "SJ"): 1, (2, "SJ"): 1, (1, "MJC"): 1}
     assert [minute_of(t) for t in (0, 59_999, 60_000)] == [0, 0, 1]
+
+
+def test_an_mjc_that_reports_its_start_counts_as_a_start_and_a_completion() -> None:
+    coalesced = msgspec.structs.replace(MJC, start_time_ms=1, start_reported=False)
+    ops = count_event(coalesced, 60_000, token=2)
+    assert [(op.key["minute"], op.key["kind"], op.key["token"], op.deltas["n"]) for op in ops] \
+        == [(1, "MJS", 2, 1), (1, "MJC", 2, 1)]

@@ -70,15 +70,19 @@ def mjs(b: int, j: int, a: str = "a1", at: int = T0 - 5_000) -> JobStarted:
                       start_time_ms=at, resources=RES)
 
 
-def mjc(b: int, j: int, a: str = "a1", state: str = "Success", end: int = T0 + 7_000
-        ) -> JobCompleted:
+def mjc(b: int, j: int, a: str = "a1", state: str = "Success", end: int = T0 + 7_000, *,
+        start_reported: bool = True) -> JobCompleted:
     return JobCompleted(batch_id=b, job_id=j, attempt_id=a, instance_name=f"w{j % 3}",
                         state=state,  # type: ignore[arg-type]
                         exit_code=0 if state == "Success" else 1, start_time_ms=T0 - 5_000,
-                        end_time_ms=end + j, resources=RES, status=f'{{"job": {j}}}')
+                        end_time_ms=end + j, resources=RES, status=f'{{"job": {j}}}',
+                        start_reported=start_reported)
 
 
-def run(b: int, j: int, state: str = "Success") -> list[AnyEvent]:
+def run(b: int, j: int, state: str = "Success", *, coalesced: bool = False) -> list[AnyEvent]:
+    """SJ, MJS and MJC; SJ and an MJC that reports the start too when ``coalesced``."""
+    if coalesced:
+        return [sj(b, j), mjc(b, j, state=state, start_reported=False)]
     return [sj(b, j), mjs(b, j), mjc(b, j, state=state)]
 
 
@@ -124,7 +128,7 @@ def history(b: int) -> tuple[list[AnyEvent], set[int]]:
                                     rollup_time_ms=T0 + 1_000 * j),
                    mjc(b, j), *run(b + 2, j) * (j <= 3)]
     events += [mjc(b, 3), sj(b, 4)]  # late duplicates
-    events += [*run(b + 1, 1, "Failed"), *run(b + 1, 4), *run(b + 1, 3)]
+    events += [*run(b + 1, 1, "Failed"), *run(b + 1, 4, coalesced=True), *run(b + 1, 3)]
     return events, {b, b + 1, b + 2, b + 3, b + 4, b + 7}
 
 

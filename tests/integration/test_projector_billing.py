@@ -148,3 +148,31 @@ def test_completion_that_overtakes_its_start_still_bills_from_its_start(
     sink.apply(s.records([sj(3, 1, "a1"), mjc(3, 1, "a1", start, start + 7_000),
                           mjs(3, 1, "a1", start)]))
     assert usage_of(engine, "aggregated_batch_resources", "batch_id = 3") == expected(7_000)
+
+
+def test_a_completion_without_its_start_projects_as_start_then_completion(
+        engine: sa.Engine, sink: Sink) -> None:
+    """A worker leaves out the MJS of an attempt that ends before it is due: the MJC alone must
+    leave the job, its attempt and every rollup as the MJS and MJC together do."""
+    s = Stream()
+    start = T0 + 2_000
+    for batch_id, with_start in ((4, True), (5, False)):
+        sink.apply(s.records(submission(batch_id, 1, [job(1)], create=True, user="carol")))
+        events: list[JobScheduled | JobStarted | JobCompleted] = [sj(batch_id, 1, "a1")]
+        if with_start:
+            events.append(mjs(batch_id, 1, "a1", start))
+        events.append(mjc(batch_id, 1, "a1", start, start + 3_000))
+        sink.apply(s.records(events))
+
+    def projected(batch_id: int) -> tuple[object, ...]:
+        (job_row,) = query(engine, "SELECT state, attempt_id, start_time_ms, end_time_ms, "
+                           "n_attempts FROM jobs WHERE batch_id = :b", b=batch_id)
+        attempts = query(engine, "SELECT attempt_id, instance_name, start_time_ms, end_time_ms "
+                         "FROM attempts WHERE batch_id = :b", b=batch_id)
+        usage = {t: usage_of(engine, t, "batch_id = :b", b=batch_id) for t in TABLES[:3]}
+        return job_row, attempts, usage
+
+    with_start, without = projected(4), projected(5)
+    assert without == with_start
+    assert with_start[0] == ("Success", "a1", start, start + 3_000, 1)
+    assert with_start[2]["aggregated_batch_resources"] == expected(3_000)

@@ -18,7 +18,7 @@ from schemas.base import Event
 from schemas.events import AnyEvent
 from schemas.execution import AttemptHeartbeat, JobCompleted, JobStarted
 from schemas.infra import InstanceActivated
-from services.common import procs
+from services.common import metrics, procs
 from services.common.log import (
     ConsumerOptions,
     LogConsumer,
@@ -112,7 +112,7 @@ async def running(log_settings: LogSettings, tmp_path: Path, *,
         "instance_name": "worker-1", "port": procs.free_port(), "cores_mcpu": 4000,
         "log_dir": str(tmp_path / "logs"), "scratch_dir": str(tmp_path / "scratch"),
         "spec_dir": str(tmp_path / "specs"),
-        "report_retry_s": 0.05, **overrides})
+        "report_retry_s": 0.05, "start_report_ms": 0, **overrides})
     options = ConsumerOptions(name="reader", topics=[TOPIC_BATCH, TOPIC_SCHEDULER], group=False)
     async with LogConsumer(log_settings, options) as consumer, aiohttp.ClientSession() as http:
         worker = Worker(settings, log_settings, publisher=publisher, clock=clock)
@@ -322,6 +322,47 @@ async def test_shutdown_kills_attempts_without_reporting_them(log_settings: LogS
     assert not list((tmp_path / "scratch").rglob("batch-*"))  # working directories removed
 
 
+async def test_an_attempt_that_ends_before_its_start_is_due_reports_only_its_completion(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    ticks = itertools.count(7_000_000)
+    async with running(log_settings, tmp_path, start_report_ms=5_000,
+                       clock=lambda: next(ticks)) as env:
+        before = _sample("hs_worker_mjs_coalesced_total")
+        await env.post(1, "a1", spec("true"))
+        await env.wait_for(completed(1))
+        await env.settle()
+        assert _sample("hs_worker_mjs_coalesced_total") == before + 1
+    assert env.of(JobStarted, 1) == []
+    (mjc,) = env.of(JobCompleted, 1)
+    # The MJC carries what the MJS would have: the attempt's start (the worker's first tick).
+    assert mjc.state == "Success" and mjc.start_time_ms == 7_000_000 <= mjc.end_time_ms
+
+
+async def test_a_longer_attempt_reports_its_start_while_it_runs_and_heartbeats_after_it(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    pidfile = tmp_path / "pids"
+    async with running(log_settings, tmp_path, start_report_ms=300, heartbeat_s=0.05) as env:
+        await env.post(1, "a1", sleeper(pidfile))
+        (pid,) = await pids_in(pidfile)
+        await env.wait_for(started(1))
+        assert alive(pid)  # published while the job runs, not at its end
+        await env.wait_for(lambda evs: len(env.of(AttemptHeartbeat, 1)) >= 2)
+        await env.delete(1, "a1")
+        await env.wait_for(completed(1))
+        await env.settle()
+    (mjs,) = env.of(JobStarted, 1)
+    (mjc,) = env.of(JobCompleted, 1)
+    assert mjs.start_time_ms == mjc.start_time_ms
+    # The log keeps the attempt's order: its start, its heartbeats, its completion.
+    mine = [e for e in env.events if getattr(e, "job_id", None) == 1]
+    assert mine[0] == mjs and mine[-1] == mjc
+    assert all(isinstance(e, AttemptHeartbeat) for e in mine[1:-1]) and len(mine) >= 4
+
+
+def _sample(name: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name) or 0.0
+
+
 class FlakyPublisher(Publisher):
     """Fails the first ``failures`` MJC publishes as a broker hiccup would."""
 
@@ -352,7 +393,10 @@ async def test_an_mjc_survives_broker_hiccups(log_settings: LogSettings,
 def test_settings_from_the_environment() -> None:
     settings = load_worker_settings({"HS_WORKER_INSTANCE_NAME": "w-9", "HS_WORKER_PORT": "6001",
                                      "HS_WORKER_CORES_MCPU": "16000",
-                                     "HS_WORKER_HEARTBEAT_S": "0.5"}, data_dir="/data")
+                                     "HS_WORKER_HEARTBEAT_S": "0.5",
+                                     "HS_WORKER_START_REPORT_MS": "40"}, data_dir="/data")
+    assert settings.start_report_ms == 40
+    assert load_worker_settings({}).start_report_ms == 100
     assert (settings.instance_name, settings.port, settings.cores_mcpu) == ("w-9", 6001, 16000)
     # Logs and specs default to the shared roots ingest uses.
     assert (settings.heartbeat_s, settings.log_dir, settings.spec_dir) == (
