@@ -4,7 +4,10 @@ Each agent takes events in batches (``take_events``: one event at a time is ten 
 and applies them with :class:`~services.projector.sink.Sink` in one MySQL transaction that also
 stores the offsets. Faust still commits offsets to Kafka, but the database is the truth: on
 every assignment the consumer seeks each partition to the offset stored with the projection, so
-a crash between the MySQL commit and Kafka's never re-applies or loses a record.
+a crash between the MySQL commit and Kafka's never re-applies or loses a record. A record that
+cannot be applied (not an event, or an error other than the database being unreachable) stops
+the process with a non-zero exit after what precedes it in its batch is applied: it is never
+skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import faust
 import sqlalchemy as sa
 from faust.types import TP
+from mode import CrashingSupervisor
 
 from schemas import codec
 from schemas import topics as logical_topics
@@ -55,16 +59,19 @@ def batch_within_s(env: Mapping[str, str]) -> float:
     return ms / 1000
 
 
-def _records(events: Iterable[Any], logical: dict[str, str]) -> list[Record]:
-    out = []
+def _records(events: Iterable[Any], logical: dict[str, str]
+             ) -> tuple[list[Record], codec.DecodeError | None]:
+    """The records of a batch of events, up to the first that is not an envelope, and the
+    error naming that one's position (None if every event decoded)."""
+    out: list[Record] = []
     for ev in events:
         m = ev.message
         try:
             env = codec.decode(m.value)
         except codec.DecodeError as e:
-            raise codec.DecodeError(f"{m.topic}[{m.partition}]@{m.offset}: {e}") from None
+            return out, codec.DecodeError(f"{m.topic}[{m.partition}]@{m.offset}: {e}")
         out.append(Record(logical[m.topic], m.partition, m.offset, env))
-    return out
+    return out, None
 
 
 async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: float = 0.2,
@@ -73,7 +80,7 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
 
     Retrying is safe: the sink skips what a failed attempt may have committed (offsets are
     stored with the rows). Other errors (a bug, a constraint violation) are not retried: they
-    stop the agent loudly rather than skip a record.
+    stop the projector process (see the module docstring) rather than skip a record.
     """
     delay = first_delay_s
     while True:
@@ -131,15 +138,23 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
             # take_events exists on faust-streaming's Stream but not on its StreamT protocol.
             batches = stream.take_events(BATCH_SIZE, within=within_s)  # type: ignore[attr-defined]
             async for events in batches:
-                records = _records(events, logical)
+                records, undecodable = _records(events, logical)
                 started = time.perf_counter()
                 applied = await apply_with_retry(sink, records)
                 metrics.observe(applied, time.perf_counter() - started)
                 log.debug("applied %d/%d records in %d statements", applied.fresh,
                           applied.records, applied.statements)
+                if undecodable is not None:
+                    log.critical("projector stopped at a record that is not an event: %s",
+                                 undecodable)
+                    raise undecodable
 
         project.__name__ = f"project_{topic.replace('-', '_')}"
-        app.agent(channel, name=project.__name__)(project)
+        # An agent that raised must not be restarted: faust acked its batch, so a new agent
+        # would go on after it and the projection would silently miss those records. The
+        # process exits instead; a restart seeks to the offsets stored with the projection and
+        # stops at the same record, until an operator deals with it.
+        app.agent(channel, name=project.__name__, supervisor_strategy=CrashingSupervisor)(project)
 
     if metrics_port is not None:
         def assigned() -> set[tuple[str, int]]:

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from aiokafka import AIOKafkaProducer
 
+from schemas.topics import BATCH
 from services.common.log import Publisher, bootstrap_topics
 from services.common.settings import DatabaseSettings, LogSettings
 
@@ -20,6 +22,7 @@ from .projection_helpers import job, query, submission
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
+MINE = "SELECT id FROM batches WHERE id > 100"  # batches of the test that stops the projector
 
 
 class Projector:
@@ -89,4 +92,32 @@ async def test_projector_applies_exactly_once_across_kill(
         projector.kill(signal.SIGTERM)
         assert projector.proc is not None and projector.proc.returncode is not None
     finally:
+        engine.dispose()
+
+
+async def test_a_record_it_cannot_apply_stops_the_projector_before_anything_after_it(
+        projector: Projector, log_settings: LogSettings, migrated_db: DatabaseSettings) -> None:
+    await bootstrap_topics(log_settings)
+    engine = sa.create_engine(migrated_db.url())
+    producer = AIOKafkaProducer(bootstrap_servers=log_settings.bootstrap_servers)
+    try:
+        projector.start()
+        async with Publisher(log_settings) as pub:
+            await pub.publish_many(submission(101, 1, [job(1)], create=True))
+            wait_for(engine, MINE, [(101,)])
+            await producer.start()
+            topic = log_settings.topic(BATCH)
+            for partition in range(4):  # whichever partition batch 102 lands on
+                await producer.send_and_wait(topic, b"not an envelope", partition=partition)
+            await pub.publish_many(submission(102, 1, [job(1)], create=True))
+        assert projector.proc is not None
+        assert projector.proc.wait(timeout=60) != 0
+        assert query(engine, MINE) == [(101,)]
+        assert "stopped at a record that is not an event: " \
+            f"{log_settings.topic(BATCH)}[" in projector.logfile.read_text()
+        projector.start()  # a restart stops at the same record: it never skips it
+        assert projector.proc.wait(timeout=60) != 0
+        assert query(engine, MINE) == [(101,)]
+    finally:
+        await producer.stop()
         engine.dispose()
