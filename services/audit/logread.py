@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
+from core.log_gaps import GapGuard
 from services.common.log import LogError
 from services.common.settings import LogSettings
 
@@ -85,12 +86,18 @@ class PartitionReader:
         consumer.assign([tp])
         consumer.seek(tp, start)
         position = start
+        gaps: GapGuard[TopicPartition] = GapGuard()
         last_progress = time.monotonic()
         try:
             while position < end:
                 fetched = await consumer.getmany(tp, timeout_ms=500,
                                                  max_records=self._max_records)
-                batch = [m for m in fetched.get(tp, []) if start <= m.offset < end]
+                batch = [m for m in fetched.get(tp, []) if position <= m.offset < end]
+                # Records past a hole wait until it fills (core.log_gaps).
+                admitted = gaps.admit(tp, position, [m.offset for m in batch], time.monotonic())
+                if admitted.seek_to is not None:
+                    consumer.seek(tp, admitted.seek_to)
+                batch = batch[:admitted.count]
                 if batch:
                     position = batch[-1].offset + 1
                     last_progress = time.monotonic()

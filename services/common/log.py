@@ -28,12 +28,15 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
+from core.log_gaps import GapGuard
 from schemas import codec
 from schemas.envelope import Envelope, wrap
 from schemas.events import AnyEvent
 from services.common.settings import ALL_TOPICS, LogSettings
 
 log = logging.getLogger(__name__)
+_FIRST = -1
+"""``LogConsumer._next`` of a partition read from its beginning: whatever offset comes first."""
 
 
 class LogError(Exception):
@@ -264,8 +267,10 @@ class LogConsumer:
         self._assigned: set[TopicPartition] = set()
         # The next offset to deliver per partition. aiokafka keeps fetching while a rebalance
         # listener awaits, so records from before our seek can still arrive: they are dropped
-        # here, which makes delivery strictly increasing from the stored offset.
+        # here; records past a hole wait until it fills (core.log_gaps). So delivery is every
+        # offset from the stored one, in order.
         self._next: dict[TopicPartition, int] = {}
+        self._gaps: GapGuard[TopicPartition] = GapGuard()  # see core.log_gaps
         self._logical = {settings.topic(t): t for t in options.topics}
 
     async def __aenter__(self) -> Self:
@@ -322,10 +327,11 @@ class LogConsumer:
             position = stored.get((self._logical[tp.topic], tp.partition))
             if position is None:
                 await consumer.seek_to_beginning(tp)
-                self._next[tp] = 0
+                self._next[tp] = _FIRST  # the log may start past 0 (retention)
             else:
                 consumer.seek(tp, position)
                 self._next[tp] = position
+            self._gaps.forget(tp)
         self._assigned |= set(tps)
 
     async def next_batch(self) -> list[Record]:
@@ -340,11 +346,22 @@ class LogConsumer:
         except KafkaError as e:
             raise _classify(e, "fetching") from e
         out: list[Record] = []
-        for tp, messages in fetched.items():
+        now = time.monotonic()
+        for tp, fetched_messages in fetched.items():
             topic = self._logical[tp.topic]
-            for m in messages:
-                if tp not in self._next or m.offset < self._next[tp]:
-                    continue  # fetched before our seek, or no longer ours
+            expected = self._next.get(tp)
+            if expected is None:
+                continue  # no longer ours
+            # Fetched before our seek: dropped. Past a hole: held back until it fills.
+            messages = [m for m in fetched_messages if m.offset >= expected]
+            admitted = self._gaps.admit(tp, None if expected == _FIRST else expected,
+                                        [m.offset for m in messages], now)
+            if admitted.seek_to is not None:
+                consumer.seek(tp, admitted.seek_to)
+            if admitted.accepted is not None:
+                log.warning("%s[%d]: offsets %d-%d never became readable; skipped", topic,
+                            tp.partition, admitted.accepted[0], admitted.accepted[1] - 1)
+            for m in messages[:admitted.count]:
                 self._next[tp] = m.offset + 1
                 try:
                     env = codec.decode(m.value)

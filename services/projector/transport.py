@@ -5,17 +5,73 @@ setting to change it. Against Kafka that costs nothing: the broker answers a wai
 soon as records arrive. The local broker (tansu) does not: it answers when the wait is over, so
 every event reached the projector up to 1.5 s late, and so did every read-your-writes answer
 that waited for it. The projector sets ``LogSettings.fetch_max_wait_ms`` here instead.
+
+The consumer also holds back records fetched past a hole in a partition's offsets and fetches
+the hole again (:mod:`core.log_gaps`): the local broker can serve a later record batch before an
+earlier one is readable, and faust would go on past it, so the projection would miss records.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
+
+from core.log_gaps import GapGuard
+
+log = logging.getLogger(__name__)
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gaps: GapGuard[TP] = GapGuard()
+        self._next: dict[TP, int] = {}  # after the last record handed to faust, per partition
+
+    async def _fetch_records(self, consumer: Any, active_partitions: Any,
+                             timeout: float | None = None,  # noqa: ASYNC109 (faust's signature)
+                             max_records: int | None = None) -> Any:
+        fetched = dict(await super()._fetch_records(consumer, active_partitions,
+                                                    timeout=timeout, max_records=max_records))
+        now = time.monotonic()
+        for tp, records in list(fetched.items()):
+            admitted = self._gaps.admit(tp, self._next.get(tp), [r.offset for r in records],
+                                        now)
+            if admitted.accepted is not None:
+                log.warning("%s[%d]: offsets %d-%d never became readable; skipped", tp.topic,
+                            tp.partition, admitted.accepted[0], admitted.accepted[1] - 1)
+            if admitted.seek_to is not None:
+                consumer.seek(tp, admitted.seek_to)  # drops what aiokafka holds past it
+            if admitted.count < len(records):
+                fetched[tp] = records = records[:admitted.count]
+            if records:
+                self._next[tp] = records[-1].offset + 1
+        return fetched
+
+    def seek(self, partition: TP, offset: int) -> None:
+        self._moved(partition, offset)
+        super().seek(partition, offset)
+
+    async def _seek_wait(self, consumer: Any, partitions: Any) -> None:
+        for tp, offset in partitions.items():
+            self._moved(tp, offset)
+        await super()._seek_wait(consumer, partitions)
+
+    async def on_partitions_assigned(self, assigned: Any, generation: int = 0) -> None:
+        # Positions come from wherever the group left them: the first record is taken as it
+        # comes (the projector then seeks to its stored offsets).
+        self._next.clear()
+        self._gaps = GapGuard()
+        await super().on_partitions_assigned(assigned, generation)
+
+    def _moved(self, tp: TP, offset: int) -> None:
+        self._next[tp] = offset
+        self._gaps.forget(tp)
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         # aiokafka reads this attribute when the consumer starts (it is not started yet).

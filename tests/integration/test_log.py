@@ -175,3 +175,36 @@ async def test_two_group_members_split_partitions(log_settings: LogSettings) -> 
         assert a.assignment().isdisjoint(b.assignment())
         assert a.assignment() | b.assignment() == {(TOPIC_BATCH, p) for p in range(4)}
     assert len({(r.partition, r.offset) for r in seen}) == 200
+
+
+async def test_a_consumer_reading_while_producers_append_sees_every_offset_in_order(
+        log_settings: LogSettings) -> None:
+    """Six producers append small batches to one partition while a consumer reads it. The
+    local broker can serve a later batch before an earlier one is readable (once in ~90,000
+    records here before the fix); the consumer must wait for the hole, never skip it."""
+    await bootstrap_topics(log_settings)
+    stop = asyncio.Event()
+
+    async def produce(writer: int) -> int:
+        n = 0
+        async with Publisher(log_settings) as pub:
+            while not stop.is_set():
+                await pub.publish_many([heartbeat(1, writer * 10**6 + n + i) for i in range(10)])
+                n += 10
+        return n
+
+    options = ConsumerOptions(name="holes", topics=[TOPIC_BATCH], group=False)
+    async with LogConsumer(log_settings, options) as consumer:
+        producers = [asyncio.create_task(produce(w)) for w in range(6)]
+        got: list[Record] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 8
+        while loop.time() < deadline:
+            got += await consumer.next_batch()
+        stop.set()
+        sent = sum(await asyncio.gather(*producers))
+        got += await _consume_all(consumer, sent - len(got))
+    offsets = [r.offset for r in got]
+    assert len({r.partition for r in got}) == 1
+    assert offsets == list(range(len(offsets)))
+    assert len(offsets) == sent
