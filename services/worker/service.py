@@ -162,6 +162,11 @@ class Worker:
         self._clock = clock
         self._scratch = os.path.join(settings.scratch_dir or tempfile.gettempdir(),
                                      f"hs-worker-{settings.instance_name}")
+        # Working directories an attempt left empty, for the next ones. Creating and removing
+        # one per job cost ~0.6 ms of blocking file-system calls on this machine's disk (an
+        # ext4 with online discard: rmdir alone ~0.4 ms), on the event loop, for every job.
+        self._free_workdirs: list[str] = []
+        self._n_workdirs = 0
         self._attempts: dict[AttemptKey, _Attempt] = {}
         self._finished: OrderedDict[AttemptKey, None] = OrderedDict()
         self._runner: web.AppRunner | None = None
@@ -236,6 +241,10 @@ class Worker:
         if self._runner is not None:
             await self._runner.cleanup()
         await self._publisher.stop()
+        for workdir in self._free_workdirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(workdir)
+        self._free_workdirs.clear()
         with contextlib.suppress(OSError):  # empty unless jobs left files behind
             os.rmdir(self._scratch)
 
@@ -383,7 +392,7 @@ class Worker:
         if not isinstance(spec, dict):
             raise TypeError(f"a job spec is a JSON object, not {type(spec).__name__}")
         return request_from_spec(
-            spec, cwd=self._workdir((job.batch_id, job.job_id, job.attempt_id)), extra_env={
+            spec, cwd=self._take_workdir(), extra_env={
                 "HAIL_BATCH_ID": str(job.batch_id), "HAIL_JOB_ID": str(job.job_id),
                 "HAIL_ATTEMPT_ID": job.attempt_id})
 
@@ -434,7 +443,9 @@ class Worker:
         except OSError as e:
             return None, f"worker error: {type(e).__name__}: {e}"
         finally:
-            if not _clean_up_at_once(sink, workdir):
+            if _left_empty(sink, workdir):
+                self._free_workdirs.append(workdir)  # the next attempt's
+            else:
                 await asyncio.to_thread(_clean_up, sink, workdir)
 
     def _prepare(self, workdir: str, job: JobRequest) -> LogWriter:
@@ -447,7 +458,7 @@ class Worker:
         try:
             os.mkdir(workdir)
         except FileExistsError:
-            pass
+            pass  # one an earlier attempt left empty
         except FileNotFoundError:  # the scratch directory is not there (yet)
             os.makedirs(workdir, exist_ok=True)
         return self._store.writer(job.batch_id, job.job_id, job.attempt_id, "main")
@@ -494,9 +505,14 @@ class Worker:
         while len(self._finished) > FINISHED_MEMORY:
             self._finished.popitem(last=False)
 
-    def _workdir(self, key: AttemptKey) -> str:
-        batch_id, job_id, attempt_id = key
-        return f"{self._scratch}/batch-{batch_id}-job-{job_id}-{attempt_id}"
+    def _take_workdir(self) -> str:
+        """A working directory for one attempt: one an earlier attempt left empty, or a new
+        name (made by :meth:`_prepare`). A job that leaves files behind has its directory
+        removed, so no attempt ever sees another's files."""
+        if self._free_workdirs:
+            return self._free_workdirs.pop()
+        self._n_workdirs += 1
+        return f"{self._scratch}/work-{self._n_workdirs}"
 
 
 def _key(request: web.Request) -> AttemptKey | None:
@@ -511,20 +527,19 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"message": message}, status=status)
 
 
-def _clean_up_at_once(sink: LogWriter | None, workdir: str) -> bool:
-    """The cheap common case of :func:`_clean_up`, on the event loop: a local log file and
-    a job that left its working directory empty. False: run :func:`_clean_up` in a thread."""
+def _left_empty(sink: LogWriter | None, workdir: str) -> bool:
+    """The cheap common case, on the event loop: a local log file (closed here) and a job that
+    left its working directory empty, for the next attempt. False: run :func:`_clean_up` in a
+    thread (the log may upload; the directory is removed)."""
     if sink is not None and not isinstance(sink, FileLogSink):
         return False  # closing may upload the log
     if sink is not None:
         sink.close()
     try:
-        os.rmdir(workdir)
-    except FileNotFoundError:
-        pass
-    except OSError:  # not empty: the job left files behind
+        with os.scandir(workdir) as entries:
+            return next(entries, None) is None
+    except OSError:  # never made, or gone
         return False
-    return True
 
 
 def _clean_up(sink: LogWriter | None, workdir: str) -> None:

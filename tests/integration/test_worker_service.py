@@ -319,7 +319,24 @@ async def test_shutdown_kills_attempts_without_reporting_them(log_settings: LogS
             await env.post(3, "a1", spec("true"))
         await env.settle()
     assert env.of(JobCompleted) == []
-    assert not list((tmp_path / "scratch").rglob("batch-*"))  # working directories removed
+    assert not list((tmp_path / "scratch").rglob("*"))  # working directories removed
+
+
+async def test_an_emptied_working_directory_is_reused_and_a_littered_one_never_is(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    jobs = {1: "pwd > {out}/cwd1; touch left-behind",
+            2: "pwd > {out}/cwd2; ls -A > {out}/ls2",
+            3: "pwd > {out}/cwd3"}
+    async with running(log_settings, tmp_path) as env:
+        for job_id, script in jobs.items():  # one after the other
+            await env.post(job_id, "a1", spec("sh", "-c", script.format(out=out)))
+            await env.wait_for(completed(job_id))
+    cwd = {j: (out / f"cwd{j}").read_text().strip() for j in jobs}
+    assert (out / "ls2").read_text() == ""  # job 1's file did not follow it
+    assert cwd[2] != cwd[1] and not Path(cwd[1]).exists()  # littered: removed
+    assert cwd[3] == cwd[2]  # left empty: the next attempt's
 
 
 async def test_an_attempt_that_ends_before_its_start_is_due_reports_only_its_completion(
