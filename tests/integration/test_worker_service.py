@@ -333,10 +333,11 @@ async def test_an_emptied_working_directory_is_reused_and_a_littered_one_never_i
         for job_id, script in jobs.items():  # one after the other
             await env.post(job_id, "a1", spec("sh", "-c", script.format(out=out)))
             await env.wait_for(completed(job_id))
-    cwd = {j: (out / f"cwd{j}").read_text().strip() for j in jobs}
+        cwd = {j: (out / f"cwd{j}").read_text().strip() for j in jobs}
+        exists = {j: await asyncio.to_thread(os.path.isdir, cwd[j]) for j in jobs}
     assert (out / "ls2").read_text() == ""  # job 1's file did not follow it
-    assert cwd[2] != cwd[1] and not Path(cwd[1]).exists()  # littered: removed
-    assert cwd[3] == cwd[2]  # left empty: the next attempt's
+    assert cwd[2] != cwd[1] and not exists[1]  # littered: removed
+    assert cwd[3] == cwd[2] and exists[3]  # left empty: kept for the next attempt
 
 
 async def test_an_attempt_that_ends_before_its_start_is_due_reports_only_its_completion(
