@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from bench import cpu
 from bench.ingest_throughput import _stack, _submit
-from schemas.execution import JobCompleted, JobScheduled
+from schemas.execution import JobCompleted, JobScheduled, JobsScheduled
 from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
 from services.common.settings import LogSettings, load_settings
@@ -80,7 +80,7 @@ async def _log_rate(log: LogSettings, batch_id: int) -> float:
                 event = rec.envelope.event
                 if getattr(event, "batch_id", None) != batch_id:
                     continue
-                if isinstance(event, JobScheduled) and first_sj is None:
+                if isinstance(event, JobScheduled | JobsScheduled) and first_sj is None:
                     first_sj = rec.envelope.time_ms
                 elif isinstance(event, JobCompleted):
                     last_mjc, n = max(last_mjc, rec.envelope.time_ms), n + 1

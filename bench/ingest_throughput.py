@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from bench import cpu
 from schemas.batch import BatchCancelled
-from schemas.execution import JobScheduled
+from schemas.execution import JobScheduled, JobsScheduled
 from services.audit.history import load_batch
 from services.common import procs
 from services.common.settings import load_settings
@@ -112,7 +112,7 @@ def _scheduling_stopped(env: dict[str, str], batch_id: int) -> dict[str, Any]:
     cancel = next(e for e in entries if isinstance(e.envelope.event, BatchCancelled))
     after = [e.envelope.time_ms for e in entries
              if e.offset > cancel.offset and e.topic == cancel.topic
-             and isinstance(e.envelope.event, JobScheduled)]
+             and isinstance(e.envelope.event, JobScheduled | JobsScheduled)]
     return {"sj_after_cancel": len(after),
             "scheduling_stopped_within_ms": max(after, default=cancel.envelope.time_ms)
             - cancel.envelope.time_ms}

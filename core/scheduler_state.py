@@ -61,6 +61,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
     JobUnschedulable,
 )
@@ -239,6 +240,11 @@ class SchedulerState:
                 if epoch is None or epoch >= self.epoch:
                     self._start(event.batch_id, event.job_id, event.attempt_id,
                                 event.instance_name, started=False)
+            case JobsScheduled():
+                if epoch is None or epoch >= self.epoch:
+                    for a in event.attempts:
+                        self._start(event.batch_id, a.job_id, a.attempt_id, a.instance_name,
+                                    started=False)
             case JobStarted():
                 self._start(event.batch_id, event.job_id, event.attempt_id, event.instance_name,
                             started=True)

@@ -45,13 +45,17 @@ from core.waiting import (
     queued,
 )
 from schemas.batch import BatchCancelled, JobGroupCancelled
-from schemas.execution import JobCancelled, JobScheduled, JobUnschedulable
+from schemas.execution import JobCancelled, JobScheduled, JobsScheduled, JobUnschedulable
 
 CANCEL_SHARE_TOTAL: Final = 300
 """The seed's canceller: jobs to cancel per iteration, shared across users."""
 
 CANCEL_MIN_PER_USER: Final = 20
 """The seed's canceller: every user with cancellable jobs gets at least this many."""
+
+SJ_BUNCH_MAX: Final = 1_000
+"""The most attempts one :class:`JobsScheduled` carries (about 300 kB with their resources,
+under a broker's usual 1 MB record limit)."""
 
 _PER_JOB_REASONS: Final = frozenset({REASON_NO_FIT, REASON_REGION})
 """Reasons that depend on the job (a later, smaller job may still fit)."""
@@ -246,6 +250,20 @@ class Cancellations:
 
     cancelled: list[JobCancelled] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
+
+
+def bunches(scheduled: Iterable[JobScheduled], max_attempts: int = SJ_BUNCH_MAX
+            ) -> list[JobsScheduled]:
+    """A step's SJs as bunches: one per batch (in first-placement order) and ``max_attempts``.
+
+    Expanding the bunches of a batch gives back its SJs in their order, so the log says what the
+    single SJs would have said, in fewer records.
+    """
+    by_batch: dict[int, list[JobScheduled]] = {}
+    for sj in scheduled:
+        by_batch.setdefault(sj.batch_id, []).append(sj)
+    return [JobsScheduled.of(b, sjs[i:i + max_attempts])
+            for b, sjs in by_batch.items() for i in range(0, len(sjs), max_attempts)]
 
 
 def cancel_shares(counts: Mapping[str, int], total: int = CANCEL_SHARE_TOTAL,

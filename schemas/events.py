@@ -74,6 +74,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
     JobUnschedulable,
 )
@@ -114,6 +115,7 @@ AnyEvent: TypeAlias = (
     | BatchCompleted
     | JobGroupCompleted
     | JobScheduled
+    | JobsScheduled
     | JobStarted
     | JobCompleted
     | AttemptHeartbeat

@@ -8,6 +8,8 @@ duplicates as no-ops.
 
 from __future__ import annotations
 
+import msgspec
+
 from schemas.base import (
     AttemptResource,
     BatchEvent,
@@ -27,6 +29,45 @@ class JobScheduled(BatchEvent, frozen=True, kw_only=True, tag="job.scheduled"):
     cores_mcpu: int
     resources: list[AttemptResource] = []
     """What the attempt is billed for, per ms of runtime, at the rates' latest versions."""
+
+
+class ScheduledAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One attempt of a :class:`JobsScheduled` bunch: the fields of its own SJ."""
+
+    job_id: int
+    attempt_id: str
+    instance_name: str
+    inst_coll: str
+    cores_mcpu: int
+    resources: list[AttemptResource] = []
+
+
+class JobsScheduled(BatchEvent, frozen=True, kw_only=True, tag="jobs.scheduled"):
+    """SJ of several jobs of one batch, placed in one scheduling round.
+
+    It means exactly what one :class:`JobScheduled` per attempt, in list order, would mean; the
+    scheduler publishes a round's placements of a batch as one record so that every consumer
+    pays its per-record cost (fetch, decode, dispatch) once per round instead of once per job.
+    """
+
+    attempts: list[ScheduledAttempt]
+
+    def expand(self) -> list[JobScheduled]:
+        """The bunch as single SJs, in order."""
+        b = self.batch_id
+        return [JobScheduled(batch_id=b, job_id=a.job_id, attempt_id=a.attempt_id,
+                             instance_name=a.instance_name, inst_coll=a.inst_coll,
+                             cores_mcpu=a.cores_mcpu, resources=a.resources)
+                for a in self.attempts]
+
+    @classmethod
+    def of(cls, batch_id: int, scheduled: list[JobScheduled]) -> JobsScheduled:
+        """The bunch of single SJs of batch ``batch_id``."""
+        return cls(batch_id=batch_id, attempts=[
+            ScheduledAttempt(job_id=s.job_id, attempt_id=s.attempt_id,
+                             instance_name=s.instance_name, inst_coll=s.inst_coll,
+                             cores_mcpu=s.cores_mcpu, resources=s.resources)
+            for s in scheduled])
 
 
 class JobStarted(BatchEvent, frozen=True, kw_only=True, tag="job.started"):

@@ -54,8 +54,10 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
     JobUnschedulable,
+    ScheduledAttempt,
 )
 from schemas.infra import (
     InstanceActivated,
@@ -160,6 +162,12 @@ def sample_events() -> list[AnyEvent]:
                                                    "(us-central1)", since_ms=T0 + 40_000),
             WaitingReason(user="bob", inst_coll="highmem"),
         ]),
+        JobsScheduled(batch_id=7, attempts=[
+            ScheduledAttempt(job_id=1, attempt_id="d4e5f6", instance_name="worker-std-0001",
+                             inst_coll="standard", cores_mcpu=1000, resources=_RES),
+            ScheduledAttempt(job_id=2, attempt_id="0a1b2c", instance_name="worker-std-0002",
+                             inst_coll="standard", cores_mcpu=1000),
+        ]),
     ]
 
 
@@ -168,7 +176,8 @@ def sample_envelopes() -> list[Envelope]:
     out = []
     for i, event in enumerate(sample_events()):
         epoch = 3 if event.topic == "scheduler-events" or event.__struct_config__.tag in (
-            "job.scheduled", "job.unschedulable", "scheduler.waiting_reasons") else 0
+            "job.scheduled", "jobs.scheduled", "job.unschedulable",
+            "scheduler.waiting_reasons") else 0
         out.append(wrap(event, event_id=f"{i:032x}", time_ms=T0 + i, producer_epoch=epoch))
     return out
 

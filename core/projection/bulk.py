@@ -41,7 +41,13 @@ from core.projection.instances import MINUTE_MS, rate_kinds
 from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
 from schemas.base import AttemptResource, BatchEvent, JobState
 from schemas.batch import BatchCreated, JobsSubmitted, UpdateCommitted, UpdateOpened
-from schemas.execution import AttemptHeartbeat, JobCompleted, JobScheduled, JobStarted
+from schemas.execution import (
+    AttemptHeartbeat,
+    JobCompleted,
+    JobScheduled,
+    JobsScheduled,
+    JobStarted,
+)
 
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _JOB_DEFAULTS: dict[str, Any] = {
@@ -406,6 +412,7 @@ def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
     step: dict[type, Callable[[Any, int], bool]] = {
         UpdateOpened: fold.opened, JobsSubmitted: lambda e, _: fold.submitted(e),
         UpdateCommitted: fold.commit, JobScheduled: fold.start, JobStarted: fold.start,
+        JobsScheduled: lambda e, t: all(fold.start(sj, t) for sj in e.expand()),
         JobCompleted: fold.completed, AttemptHeartbeat: fold.heartbeat}
     for event, t in events[1:]:
         handle = step.get(type(event))

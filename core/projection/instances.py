@@ -35,7 +35,7 @@ from typing import Final
 
 from core.projection.ops import Increment, InsertIgnore, Op, UpdateIn
 from schemas.events import AnyEvent
-from schemas.execution import JobCancelled, JobCompleted, JobScheduled, JobStarted
+from schemas.execution import JobCancelled, JobCompleted, JobScheduled, JobsScheduled, JobStarted
 from schemas.infra import (
     InstanceActivated,
     InstanceCreated,
@@ -84,10 +84,14 @@ def count_event(event: AnyEvent, time_ms: int, token: int) -> list[Increment]:
         token: The projector partition's token.
 
     Returns:
-        One increment of ``n`` by 1 per kind of :func:`rate_kinds`.
+        One increment of ``n`` by 1 per kind of :func:`rate_kinds`; of SJ by its number of
+        attempts for a :class:`JobsScheduled`.
 
     """
     minute = minute_of(time_ms)
+    if isinstance(event, JobsScheduled):  # a bunch counts as its attempts
+        return [Increment("event_rates", {"minute": minute, "kind": RATE_KINDS[JobScheduled],
+                                          "token": token}, {"n": len(event.attempts)})]
     return [Increment("event_rates", {"minute": minute, "kind": kind, "token": token}, {"n": 1})
             for kind in rate_kinds(event)]
 

@@ -5,10 +5,10 @@ in order; :func:`load_batch` scans that partition (and the batch's partition of 
 topic) and keeps the records with the batch's key. The rest is pure: :func:`job_history` picks
 the events that concern one job, :func:`format_line` and :func:`to_json` render an entry.
 
-A job's history is: its own execution events (``job_id``), the bunch that submitted it (showing
-that job only), its update's opening and commit, the job groups it belongs to (its group and
-every ancestor: submission, cancellation, completion) and the batch-wide events (creation,
-cancellation, deletion, completion).
+A job's history is: its own execution events (``job_id``; a bunch of SJs shows the job's attempts
+only), the bunch that submitted it (showing that job only), its update's opening and commit, the
+job groups it belongs to (its group and every ancestor: submission, cancellation, completion) and
+the batch-wide events (creation, cancellation, deletion, completion).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from schemas.batch import (
     UpdateOpened,
 )
 from schemas.envelope import Envelope
+from schemas.execution import JobsScheduled
 from services.audit.logread import PartitionReader, partition_for
 from services.common.log import high_watermarks
 from services.common.settings import LogSettings
@@ -109,6 +110,9 @@ def job_history(entries: Sequence[Entry], job_id: int) -> list[Entry] | None:
         elif isinstance(event, JobGroupsSubmitted):
             mine = [g for g in event.job_groups if g.job_group_id in groups]
             narrowed = msgspec.structs.replace(event, job_groups=mine) if mine else None
+        elif isinstance(event, JobsScheduled):
+            placed = [a for a in event.attempts if a.job_id == job_id]
+            narrowed = msgspec.structs.replace(event, attempts=placed) if placed else None
         elif _concerns(event, job_id, update_id, groups):
             narrowed = event
         if narrowed is not None:
@@ -176,9 +180,16 @@ def summary(event: Any) -> str:
                 parts.append(f"parents={id_ranges(j.parent_ids)}")
     elif isinstance(event, JobGroupsSubmitted):
         parts.append(f"groups={id_ranges([g.job_group_id for g in event.job_groups])}")
+    elif isinstance(event, JobsScheduled):
+        ids = [a.job_id for a in event.attempts]
+        parts.append(f"jobs={id_ranges(ids)} (n={len(ids)})")
+        if len(event.attempts) == 1:
+            a = event.attempts[0]
+            parts += [f"attempt_id={a.attempt_id}", f"instance_name={a.instance_name}",
+                      f"inst_coll={a.inst_coll}", f"cores_mcpu={a.cores_mcpu}"]
     for field in msgspec.structs.fields(event):
         name = field.name
-        if name in ("batch_id", "jobs", "job_groups"):
+        if name in ("batch_id", "jobs", "job_groups", "attempts"):
             continue
         value = getattr(event, name)
         if _is_default(field, value):

@@ -69,6 +69,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
     JobUnschedulable,
 )
@@ -155,7 +156,7 @@ _WAITING_USERS = sa.text("SELECT user, inst_coll FROM user_waiting_reasons")
 _WAITING_JOBS = sa.text("SELECT batch_id, job_id FROM job_waiting_reasons")
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _EXECUTION = (JobScheduled, JobStarted, JobCompleted, AttemptHeartbeat, AttemptLost,
-              JobCancelled, JobUnschedulable)
+              JobCancelled, JobUnschedulable, JobsScheduled)
 
 
 class Handler:
@@ -183,7 +184,9 @@ class Handler:
         Reading later would first flush the writer, splitting its merged statements."""
         for env in envelopes:
             event = env.event
-            if isinstance(event, _EXECUTION):
+            if isinstance(event, JobsScheduled):
+                self._upcoming[event.batch_id].update(a.job_id for a in event.attempts)
+            elif isinstance(event, _EXECUTION):
                 self._upcoming[event.batch_id].add(event.job_id)
         for b, ids in self._upcoming.items():
             st = self._batch(b)
@@ -263,6 +266,10 @@ class Handler:
                 self._w.emit(fold_batch_deleted(event, now))
             case JobScheduled() | JobStarted():
                 self._start(event, now)
+                self._w.emit(count_event(event, now, self._token))
+            case JobsScheduled():
+                for sj in event.expand():
+                    self._start(sj, now)
                 self._w.emit(count_event(event, now, self._token))
             case JobCompleted():
                 self._completed(event, now)

@@ -41,7 +41,7 @@ from core.billing import attempt_resources
 from core.policy import Tiers
 from core.resources import JOB_PRIVATE, default_config
 from core.scheduler_state import SchedulerState
-from core.scheduling import cancellations, failure_cancellations, schedule
+from core.scheduling import bunches, cancellations, failure_cancellations, schedule
 from core.waiting import Published, Waiting, WaitingKey, apply_published, changes_event
 from schemas.batch import BatchCancelled
 from schemas.events import AnyEvent
@@ -225,7 +225,7 @@ class Leader:
         if not decisions.scheduled:
             return busy
         scheduled = [self._billed(sj) for sj in decisions.scheduled]
-        await self._emit(scheduled)
+        await self._emit(bunches(scheduled))
         await self._deliver([(sj.batch_id, sj.job_id, sj.attempt_id, sj.instance_name)
                              for sj in scheduled], now)
         return True

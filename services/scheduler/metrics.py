@@ -20,7 +20,13 @@ from prometheus_client.registry import Collector
 
 from schemas.batch import BatchCancelled, JobGroupCancelled
 from schemas.events import AnyEvent
-from schemas.execution import AttemptLost, JobCancelled, JobScheduled, JobUnschedulable
+from schemas.execution import (
+    AttemptLost,
+    JobCancelled,
+    JobScheduled,
+    JobsScheduled,
+    JobUnschedulable,
+)
 from schemas.infra import InstanceRequested
 from services.common.metrics import REGISTRY, counter, histogram
 from services.scheduler.view import View
@@ -55,6 +61,9 @@ def published(events: Sequence[AnyEvent]) -> None:
     for kind, n in by_type.items():
         if kind is JobScheduled:
             SJ_PUBLISHED.inc(n)
+        elif kind is JobsScheduled:
+            SJ_PUBLISHED.inc(sum(len(e.attempts) for e in events
+                                 if isinstance(e, JobsScheduled)))
         elif kind is JobUnschedulable:
             UNSCHEDULABLE.inc(n)
         elif kind is InstanceRequested:

@@ -23,7 +23,7 @@ from schemas.batch import (
 )
 from schemas.envelope import wrap
 from schemas.events import AnyEvent
-from schemas.execution import JobCompleted, JobScheduled
+from schemas.execution import JobCompleted, JobScheduled, JobsScheduled
 from services.audit.history import (
     Entry,
     format_line,
@@ -147,6 +147,24 @@ def test_summaries_show_key_fields_and_leave_out_defaults() -> None:
     assert narrowed is not None
     assert summary(narrowed[2].envelope.event) == (
         "jobs=3 (n=1) group=0 inst_coll=standard cores_mcpu=1000 parents=1 update_id=1")
+
+
+def test_a_bunch_of_sjs_is_narrowed_to_the_job() -> None:
+    singles = [JobScheduled(batch_id=7, job_id=j, attempt_id=f"a{j}", instance_name="w2",
+                            inst_coll="standard", cores_mcpu=500) for j in (1, 2, 3)]
+    entries = [*BATCH[:5], *_entries([JobsScheduled.of(7, singles)])]
+    entries[-1] = entries[-1]._replace(offset=5)
+    assert summary(entries[-1].envelope.event) == "jobs=1..3 (n=3)"
+    got = job_history(entries, 2)
+    assert got is not None and _tags(got)[-1] == "jobs.scheduled"
+    narrowed = got[-1].envelope.event
+    assert isinstance(narrowed, JobsScheduled) and narrowed.expand() == [singles[1]]
+    assert summary(narrowed) == (
+        "jobs=2 (n=1) attempt_id=a2 instance_name=w2 inst_coll=standard cores_mcpu=500")
+    job_1 = job_history(entries, 1)
+    assert job_1 is not None and "jobs.scheduled" in _tags(job_1)
+    others = job_history([*BATCH[:5], *_entries([JobsScheduled.of(7, singles[::2])])], 2)
+    assert others is not None and "jobs.scheduled" not in _tags(others)
 
 
 def test_format_line() -> None:

@@ -13,6 +13,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
 )
 from schemas.infra import (
@@ -153,3 +154,10 @@ def test_an_mjc_that_reports_its_start_counts_as_a_start_and_a_completion() -> N
     ops = count_event(coalesced, 60_000, token=2)
     assert [(op.key["minute"], op.key["kind"], op.key["token"], op.deltas["n"]) for op in ops] \
         == [(1, "MJS", 2, 1), (1, "MJC", 2, 1)]
+
+
+def test_a_bunch_of_sjs_counts_as_its_attempts() -> None:
+    bunch = JobsScheduled.of(SJ.batch_id, [SJ, msgspec.structs.replace(SJ, job_id=9)])
+    ops = count_event(bunch, 60_000, token=4)
+    assert [(op.key["minute"], op.key["kind"], op.key["token"], op.deltas["n"]) for op in ops] \
+        == [(1, "SJ", 4, 2)]

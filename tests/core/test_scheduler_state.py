@@ -36,6 +36,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
     JobUnschedulable,
 )
@@ -396,6 +397,26 @@ def test_a_stale_epoch_sj_is_ignored() -> None:
     assert where(state) == {(1, 1): "Ready", (1, 2): "Running", (1, 3): "Running"}
     state.apply(SchedulerElected(epoch=1, scheduler_id="old"))  # epochs never go back
     assert state.epoch == 2
+    check_invariants(state)
+
+
+def test_a_bunch_of_sjs_folds_as_its_single_sjs() -> None:
+    base = [*BASE, *instance("i2"), submitted(1, 1, jr(1), jr(2), jr(3, [1]), jr(4)),
+            committed(1, 1)]
+    singles = [sj(1, 1), sj(1, 2, inst="i2"), sj(1, 4, "a9")]
+    bunched = fold([*base, JobsScheduled.of(1, singles), mjc(1, 1)])
+    assert bunched == fold([*base, *singles, mjc(1, 1)])
+    assert where(bunched) == {(1, 2): "Running", (1, 3): "Ready", (1, 4): "Running"}
+    check_invariants(bunched)
+
+
+def test_a_stale_epoch_bunch_is_ignored() -> None:
+    state = fold([*BASE, submitted(1, 1, jr(1), jr(2), jr(3)), committed(1, 1),
+                  at_epoch(SchedulerElected(epoch=2, scheduler_id="s2"), 0)])
+    state.apply(at_epoch(JobsScheduled.of(1, [sj(1, 1), sj(1, 2)]), 1))
+    assert where(state) == {(1, 1): "Ready", (1, 2): "Ready", (1, 3): "Ready"}
+    state.apply(at_epoch(JobsScheduled.of(1, [sj(1, 2), sj(1, 3)]), 2))
+    assert where(state) == {(1, 1): "Ready", (1, 2): "Running", (1, 3): "Running"}
     check_invariants(state)
 
 

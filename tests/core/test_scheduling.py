@@ -22,11 +22,13 @@ from core.scheduler_state import READY, SchedulerState, fold
 from core.scheduling import (
     Decisions,
     Kill,
+    bunches,
     cancel_shares,
     cancellations,
     failure_cancellations,
     schedule,
 )
+from schemas.base import AttemptResource
 from schemas.batch import BatchCancelled, JobGroupCancelled, JobRecord
 from schemas.events import AnyEvent
 from schemas.execution import JobScheduled
@@ -277,3 +279,22 @@ def test_steps_over_random_histories(data: st.DataObject) -> None:
             sim.emit(cancel)
         assert not sim.state.failure_cancels
         sim.check()
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 50)), max_size=60),
+       st.integers(1, 7))
+def test_bunches_say_what_the_single_sjs_say(placements: list[tuple[int, int]],
+                                             max_attempts: int) -> None:
+    billed = [AttemptResource(resource="compute/n1-standard/1", quantity=1000)]
+    sjs = [JobScheduled(batch_id=b, job_id=j, attempt_id=f"a{i}", instance_name=f"w{i % 3}",
+                        inst_coll="standard", cores_mcpu=250 * (1 + i % 4),
+                        resources=billed if i % 2 else [])
+           for i, (b, j) in enumerate(placements)]
+    out = bunches(sjs, max_attempts)
+    assert all(1 <= len(bunch.attempts) <= max_attempts for bunch in out)
+    per_batch = {b: [x for x in sjs if x.batch_id == b] for b in {x.batch_id for x in sjs}}
+    for b, singles in per_batch.items():
+        assert [x for bunch in out if bunch.batch_id == b for x in bunch.expand()] == singles
+    # As few records as the cap allows: every bunch of a batch but its last one is full.
+    assert len(out) == sum(-(-len(v) // max_attempts) for v in per_batch.values())

@@ -29,7 +29,13 @@ from schemas.control import (
     UserCreated,
 )
 from schemas.events import AnyEvent
-from schemas.execution import AttemptHeartbeat, JobCompleted, JobScheduled, JobStarted
+from schemas.execution import (
+    AttemptHeartbeat,
+    JobCompleted,
+    JobScheduled,
+    JobsScheduled,
+    JobStarted,
+)
 from services.audit.rebuild import drop_database
 from services.audit.replay import (
     ReplayStats,
@@ -121,6 +127,11 @@ def history(b: int) -> tuple[list[AnyEvent], set[int]]:
         sj(b + 7, 1, "a1"), mjs(b + 7, 1, "a1"), sj(b + 7, 1, "a2"), mjs(b + 7, 1, "a2"),
         mjc(b + 7, 1, "a2"), mjc(b + 7, 1, "a1", "Failed"), mjs(b + 7, 2), sj(b + 7, 2),
         mjc(b + 7, 2), mjc(b + 7, 3, state="Error"), sj(b + 7, 4), mjs(b + 7, 4, at=T0 + 123),
+        # SJs bunched as the scheduler publishes them: the child in a later round's bunch.
+        *submission(b + 8, 1, [job(1), job(2), job(3, 0, [1])], create=True),
+        JobsScheduled.of(b + 8, [sj(b + 8, 1), sj(b + 8, 2)]), mjc(b + 8, 1),
+        mjc(b + 8, 2, state="Failed"), JobsScheduled.of(b + 8, [sj(b + 8, 3)]),
+        mjc(b + 8, 3, start_reported=False),
     ]
     for j in range(1, 8):  # batch b, interleaved with the others' execution
         events += [sj(b, j), mjs(b, j),
@@ -129,7 +140,7 @@ def history(b: int) -> tuple[list[AnyEvent], set[int]]:
                    mjc(b, j), *run(b + 2, j) * (j <= 3)]
     events += [mjc(b, 3), sj(b, 4)]  # late duplicates
     events += [*run(b + 1, 1, "Failed"), *run(b + 1, 4, coalesced=True), *run(b + 1, 3)]
-    return events, {b, b + 1, b + 2, b + 3, b + 4, b + 7}
+    return events, {b, b + 1, b + 2, b + 3, b + 4, b + 7, b + 8}
 
 
 @dataclass

@@ -5,7 +5,8 @@ transactions gives the same projections as the same log applied one record per t
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+import uuid
+from collections.abc import Iterator, Sequence
 from decimal import Decimal
 
 import pytest
@@ -15,6 +16,7 @@ from bench.replay import RESOURCES, submission
 from core.billing import default_rates
 from schemas.batch import BatchCancelled
 from schemas.control import ResourceRateSet
+from schemas.envelope import Envelope, wrap
 from schemas.events import AnyEvent
 from schemas.execution import (
     AttemptHeartbeat,
@@ -22,6 +24,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsScheduled,
     JobStarted,
 )
 from schemas.infra import (
@@ -133,26 +136,60 @@ def history(seed: int) -> list[AnyEvent]:
     return events
 
 
-def _records(events: list[AnyEvent]) -> list[Record]:
-    control = [e for e in events if isinstance(e, ResourceRateSet)]
+def _records(events: Sequence[AnyEvent | Envelope]) -> list[Record]:
+    def of(e: AnyEvent | Envelope) -> AnyEvent:
+        return e.event if isinstance(e, Envelope) else e
+
+    control = [e for e in events if isinstance(of(e), ResourceRateSet)]
     scheduler = [Stream(topic="scheduler-events", partition=p) for p in (0, 1)]
-    instances = [scheduler[sum(map(ord, e.key())) % 2].records([e])[0] for e in events
-                 if isinstance(e, SchedulerEvent)]
+    instances = [scheduler[sum(map(ord, of(e).key())) % 2].records([e])[0] for e in events
+                 if isinstance(of(e), SchedulerEvent)]
     return (Stream(topic="control-events").records(control) + instances
             + Stream().records([e for e in events
-                                if not isinstance(e, ResourceRateSet | SchedulerEvent)]))
+                                if not isinstance(of(e), ResourceRateSet | SchedulerEvent)]))
+
+
+def _empty(engines: list[tuple[sa.Engine, str]]) -> None:
+    for engine, _ in engines:
+        with engine.begin() as conn:  # every test starts from empty projections
+            for (table,) in conn.exec_driver_sql(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                    "DATABASE() AND table_name != 'schema_migrations'").all():
+                conn.exec_driver_sql(f"DELETE FROM `{table}`")
+
+
+def timed(events: list[AnyEvent]) -> list[Envelope]:
+    return [wrap(e, event_id=uuid.uuid4().hex, time_ms=T0 + i) for i, e in enumerate(events)]
+
+
+def bunched(log: list[Envelope]) -> list[Envelope]:
+    """The log with each batch's SJs bunched as the scheduler bunches them: an SJ joins its
+    batch's open bunch unless another event of that batch came between them. A bunch has the
+    time of its first SJ (the rest of the log keeps its times)."""
+    out: list[Envelope | list[Envelope]] = []
+    open_bunch: dict[int, list[Envelope]] = {}
+    for env in log:
+        e = env.event
+        if isinstance(e, JobScheduled):
+            if e.batch_id in open_bunch:
+                open_bunch[e.batch_id].append(env)
+            else:
+                open_bunch[e.batch_id] = [env]
+                out.append(open_bunch[e.batch_id])
+            continue
+        open_bunch.pop(getattr(e, "batch_id", -1), None)
+        out.append(env)
+    return [wrap(JobsScheduled.of(x[0].event.batch_id,  # type: ignore[union-attr]
+                                  [y.event for y in x]),  # type: ignore[misc]
+                 event_id=x[0].event_id, time_ms=x[0].time_ms) if isinstance(x, list) else x
+            for x in out]
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_big_transactions_equal_one_record_per_transaction(
         engines: list[tuple[sa.Engine, str]], seed: int) -> None:
     (batched, batched_db), (single, single_db) = engines
-    for engine, _ in engines:
-        with engine.begin() as conn:  # every seed starts from empty projections
-            for (table,) in conn.exec_driver_sql(
-                    "SELECT table_name FROM information_schema.tables WHERE table_schema = "
-                    "DATABASE() AND table_name != 'schema_migrations'").all():
-                conn.exec_driver_sql(f"DELETE FROM `{table}`")
+    _empty(engines)
     records = _records(history(seed))
     sink = Sink(batched, f"batched-{seed}")
     for i in range(0, len(records), 700):
@@ -184,3 +221,27 @@ def test_big_transactions_equal_one_record_per_transaction(
         assert conn.exec_driver_sql(
             "SELECT n_jobs FROM completions_outbox WHERE batch_id = 3 AND job_group_id = 0 "
             "ORDER BY n_jobs").scalars().all() == [40, 42]
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_bunched_sjs_project_as_single_sjs(engines: list[tuple[sa.Engine, str]],
+                                           seed: int) -> None:
+    (with_bunches, bunches_db), (with_singles, singles_db) = engines
+    _empty(engines)
+    singles = timed(history(seed))
+    bunches = bunched(singles)
+    sizes = [len(e.event.attempts) for e in bunches if isinstance(e.event, JobsScheduled)]
+    assert max(sizes) > 1
+    assert sum(sizes) == sum(isinstance(e.event, JobScheduled) for e in singles)
+    for engine, log in ((with_bunches, bunches), (with_singles, singles)):
+        records = _records(log)
+        sink = Sink(engine, f"sj-{seed}")
+        for i in range(0, len(records), 300):
+            sink.apply(records[i:i + 300])
+    with with_bunches.connect() as a, with_singles.connect() as b:
+        differences = [d for d in Comparison(a, bunches_db, b, singles_db)
+                       if d.table != "applied_offsets"]  # fewer records: other offsets
+    assert differences == []
+    with with_bunches.connect() as conn:
+        assert conn.exec_driver_sql(
+            "SELECT SUM(n) FROM event_rates WHERE kind = 'SJ'").scalar_one() == sum(sizes)
