@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from bench import cpu
 from bench.ingest_throughput import _stack, _submit
-from schemas.execution import JobCompleted, JobScheduled, JobsScheduled
+from schemas.execution import JobCompleted, JobScheduled, JobsCompleted, JobsScheduled
 from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
 from services.common.settings import LogSettings, load_settings
@@ -82,8 +82,9 @@ async def _log_rate(log: LogSettings, batch_id: int) -> float:
                     continue
                 if isinstance(event, JobScheduled | JobsScheduled) and first_sj is None:
                     first_sj = rec.envelope.time_ms
-                elif isinstance(event, JobCompleted):
-                    last_mjc, n = max(last_mjc, rec.envelope.time_ms), n + 1
+                elif isinstance(event, JobCompleted | JobsCompleted):
+                    n += len(event.attempts) if isinstance(event, JobsCompleted) else 1
+                    last_mjc = max(last_mjc, rec.envelope.time_ms)
     return 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
 
 

@@ -61,6 +61,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
     JobUnschedulable,
@@ -250,6 +251,9 @@ class SchedulerState:
                             started=True)
             case JobCompleted():
                 self._end(event.batch_id, event.job_id, event.state)
+            case JobsCompleted():
+                for c in event.attempts:
+                    self._end(event.batch_id, c.job_id, c.state)
             case JobCancelled():
                 self._end(event.batch_id, event.job_id, "Cancelled")
             case AttemptLost():

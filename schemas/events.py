@@ -74,6 +74,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
     JobUnschedulable,
@@ -118,6 +119,7 @@ AnyEvent: TypeAlias = (
     | JobsScheduled
     | JobStarted
     | JobCompleted
+    | JobsCompleted
     | AttemptHeartbeat
     | AttemptLost
     | JobCancelled

@@ -102,6 +102,60 @@ class JobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
     start_reported: bool = True
 
 
+class CompletedAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One attempt of a :class:`JobsCompleted` bunch: the fields of its own MJC."""
+
+    job_id: int
+    attempt_id: str
+    state: CompletedJobState
+    exit_code: int | None = None
+    error: str | None = None
+    start_time_ms: int | None = None
+    end_time_ms: int
+    resources: list[AttemptResource] = []
+    status: str | None = None
+    start_reported: bool = True
+
+
+class JobsCompleted(BatchEvent, frozen=True, kw_only=True, tag="jobs.completed"):
+    """MJC of several attempts of one batch that ended on one instance at about the same time.
+
+    It means exactly what one :class:`JobCompleted` per attempt, in list order, would mean; a
+    worker publishes the completions that accumulate while it waits to publish as one record per
+    batch, so every consumer pays its per-record cost once per bunch instead of once per job.
+    """
+
+    instance_name: str
+    attempts: list[CompletedAttempt]
+
+    def expand(self) -> list[JobCompleted]:
+        """The bunch as single MJCs, in order."""
+        b, inst = self.batch_id, self.instance_name
+        return [JobCompleted(batch_id=b, job_id=a.job_id, attempt_id=a.attempt_id,
+                             instance_name=inst, state=a.state, exit_code=a.exit_code,
+                             error=a.error, start_time_ms=a.start_time_ms,
+                             end_time_ms=a.end_time_ms, resources=a.resources, status=a.status,
+                             start_reported=a.start_reported)
+                for a in self.attempts]
+
+    @classmethod
+    def of(cls, completed: list[JobCompleted]) -> JobsCompleted:
+        """The bunch of single MJCs of one batch and one instance (ValueError otherwise)."""
+        if not completed:
+            raise ValueError("a bunch of MJCs needs at least one")
+        first = completed[0]
+        if any(c.batch_id != first.batch_id or c.instance_name != first.instance_name
+               for c in completed):
+            raise ValueError("the MJCs of a bunch share their batch and instance")
+        return cls(batch_id=first.batch_id, instance_name=first.instance_name, attempts=[
+            CompletedAttempt(job_id=c.job_id, attempt_id=c.attempt_id, state=c.state,
+                             exit_code=c.exit_code, error=c.error,
+                             start_time_ms=c.start_time_ms, end_time_ms=c.end_time_ms,
+                             resources=c.resources, status=c.status,
+                             start_reported=c.start_reported)
+            for c in completed])
+
+
 class AttemptHeartbeat(BatchEvent, frozen=True, kw_only=True, tag="attempt.heartbeat"):
     """The attempt was still running at ``rollup_time_ms``: billing accrues up to it."""
 

@@ -51,9 +51,11 @@ from schemas.events import AnyEvent
 from schemas.execution import (
     AttemptHeartbeat,
     AttemptLost,
+    CompletedAttempt,
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
     JobUnschedulable,
@@ -167,6 +169,13 @@ def sample_events() -> list[AnyEvent]:
                              inst_coll="standard", cores_mcpu=1000, resources=_RES),
             ScheduledAttempt(job_id=2, attempt_id="0a1b2c", instance_name="worker-std-0002",
                              inst_coll="standard", cores_mcpu=1000),
+        ]),
+        JobsCompleted(batch_id=7, instance_name="worker-std-0001", attempts=[
+            CompletedAttempt(job_id=1, attempt_id="d4e5f6", state="Success", exit_code=0,
+                             start_time_ms=T0 + 1_000, end_time_ms=T0 + 1_040, resources=_RES,
+                             status='{"state":"succeeded"}', start_reported=False),
+            CompletedAttempt(job_id=3, attempt_id="0b1c2d", state="Error",
+                             error="executable not found", end_time_ms=T0 + 1_050),
         ]),
     ]
 

@@ -45,6 +45,7 @@ from schemas.execution import (
     AttemptHeartbeat,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
 )
@@ -413,7 +414,8 @@ def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
         UpdateOpened: fold.opened, JobsSubmitted: lambda e, _: fold.submitted(e),
         UpdateCommitted: fold.commit, JobScheduled: fold.start, JobStarted: fold.start,
         JobsScheduled: lambda e, t: all(fold.start(sj, t) for sj in e.expand()),
-        JobCompleted: fold.completed, AttemptHeartbeat: fold.heartbeat}
+        JobCompleted: fold.completed, AttemptHeartbeat: fold.heartbeat,
+        JobsCompleted: lambda e, t: all(fold.completed(mjc, t) for mjc in e.expand())}
     for event, t in events[1:]:
         handle = step.get(type(event))
         if handle is None or not handle(event, t):

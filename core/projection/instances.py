@@ -31,11 +31,19 @@ projector applies each record exactly once, so replays give the same counts.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Final
 
 from core.projection.ops import Increment, InsertIgnore, Op, UpdateIn
 from schemas.events import AnyEvent
-from schemas.execution import JobCancelled, JobCompleted, JobScheduled, JobsScheduled, JobStarted
+from schemas.execution import (
+    JobCancelled,
+    JobCompleted,
+    JobScheduled,
+    JobsCompleted,
+    JobsScheduled,
+    JobStarted,
+)
 from schemas.infra import (
     InstanceActivated,
     InstanceCreated,
@@ -84,16 +92,18 @@ def count_event(event: AnyEvent, time_ms: int, token: int) -> list[Increment]:
         token: The projector partition's token.
 
     Returns:
-        One increment of ``n`` by 1 per kind of :func:`rate_kinds`; of SJ by its number of
-        attempts for a :class:`JobsScheduled`.
+        One increment of ``n`` by 1 per kind of :func:`rate_kinds`; for a bunch
+        (:class:`JobsScheduled`, :class:`JobsCompleted`), by the number of its attempts that
+        count as each kind.
 
     """
     minute = minute_of(time_ms)
-    if isinstance(event, JobsScheduled):  # a bunch counts as its attempts
-        return [Increment("event_rates", {"minute": minute, "kind": RATE_KINDS[JobScheduled],
-                                          "token": token}, {"n": len(event.attempts)})]
-    return [Increment("event_rates", {"minute": minute, "kind": kind, "token": token}, {"n": 1})
-            for kind in rate_kinds(event)]
+    if isinstance(event, JobsScheduled | JobsCompleted):  # a bunch counts as its attempts
+        kinds = Counter(k for e in event.expand() for k in rate_kinds(e))
+    else:
+        kinds = Counter(rate_kinds(event))
+    return [Increment("event_rates", {"minute": minute, "kind": kind, "token": token}, {"n": n})
+            for kind, n in kinds.items()]
 
 
 def fold_instance(event: InstanceEvent, time_ms: int) -> list[Op]:

@@ -36,7 +36,7 @@ from schemas.batch import (
     UpdateOpened,
 )
 from schemas.envelope import Envelope
-from schemas.execution import JobsScheduled
+from schemas.execution import JobsCompleted, JobsScheduled
 from services.audit.logread import PartitionReader, partition_for
 from services.common.log import high_watermarks
 from services.common.settings import LogSettings
@@ -110,9 +110,9 @@ def job_history(entries: Sequence[Entry], job_id: int) -> list[Entry] | None:
         elif isinstance(event, JobGroupsSubmitted):
             mine = [g for g in event.job_groups if g.job_group_id in groups]
             narrowed = msgspec.structs.replace(event, job_groups=mine) if mine else None
-        elif isinstance(event, JobsScheduled):
-            placed = [a for a in event.attempts if a.job_id == job_id]
-            narrowed = msgspec.structs.replace(event, attempts=placed) if placed else None
+        elif isinstance(event, JobsScheduled | JobsCompleted):
+            attempts = [a for a in event.attempts if a.job_id == job_id]
+            narrowed = msgspec.structs.replace(event, attempts=attempts) if attempts else None
         elif _concerns(event, job_id, update_id, groups):
             narrowed = event
         if narrowed is not None:
@@ -180,13 +180,12 @@ def summary(event: Any) -> str:
                 parts.append(f"parents={id_ranges(j.parent_ids)}")
     elif isinstance(event, JobGroupsSubmitted):
         parts.append(f"groups={id_ranges([g.job_group_id for g in event.job_groups])}")
-    elif isinstance(event, JobsScheduled):
+    elif isinstance(event, JobsScheduled | JobsCompleted):
         ids = [a.job_id for a in event.attempts]
         parts.append(f"jobs={id_ranges(ids)} (n={len(ids)})")
-        if len(event.attempts) == 1:
-            a = event.attempts[0]
-            parts += [f"attempt_id={a.attempt_id}", f"instance_name={a.instance_name}",
-                      f"inst_coll={a.inst_coll}", f"cores_mcpu={a.cores_mcpu}"]
+        if len(event.attempts) == 1:  # the attempt's own fields, as its single event shows them
+            single = event.expand()[0]
+            parts += [p for p in summary(single).split(" ") if not p.startswith("job_id=")]
     for field in msgspec.structs.fields(event):
         name = field.name
         if name in ("batch_id", "jobs", "job_groups", "attempts"):

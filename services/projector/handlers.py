@@ -69,6 +69,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
     JobUnschedulable,
@@ -156,7 +157,7 @@ _WAITING_USERS = sa.text("SELECT user, inst_coll FROM user_waiting_reasons")
 _WAITING_JOBS = sa.text("SELECT batch_id, job_id FROM job_waiting_reasons")
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _EXECUTION = (JobScheduled, JobStarted, JobCompleted, AttemptHeartbeat, AttemptLost,
-              JobCancelled, JobUnschedulable, JobsScheduled)
+              JobCancelled, JobUnschedulable, JobsScheduled, JobsCompleted)
 
 
 class Handler:
@@ -184,7 +185,7 @@ class Handler:
         Reading later would first flush the writer, splitting its merged statements."""
         for env in envelopes:
             event = env.event
-            if isinstance(event, JobsScheduled):
+            if isinstance(event, JobsScheduled | JobsCompleted):
                 self._upcoming[event.batch_id].update(a.job_id for a in event.attempts)
             elif isinstance(event, _EXECUTION):
                 self._upcoming[event.batch_id].add(event.job_id)
@@ -273,6 +274,10 @@ class Handler:
                 self._w.emit(count_event(event, now, self._token))
             case JobCompleted():
                 self._completed(event, now)
+                self._w.emit(count_event(event, now, self._token))
+            case JobsCompleted():
+                for mjc in event.expand():
+                    self._completed(mjc, now)
                 self._w.emit(count_event(event, now, self._token))
             case AttemptHeartbeat():
                 self._bill(event.batch_id, event.job_id, event.attempt_id,

@@ -11,7 +11,7 @@ import asyncio
 from prometheus_client import Counter
 
 from schemas.events import AnyEvent
-from schemas.execution import JobCompleted, JobStarted
+from schemas.execution import JobCompleted, JobsCompleted, JobStarted
 from services.common.metrics import counter, gauge, histogram
 
 MJS_PUBLISHED = counter("hs_worker_mjs_published", "Job starts (MJS events) the log accepted.")
@@ -46,10 +46,17 @@ def reported(event: AnyEvent) -> None:
     if isinstance(event, JobStarted):
         MJS_PUBLISHED.inc()
     elif isinstance(event, JobCompleted):
-        child = _by_state.get(event.state)
-        if child is None:
-            child = _by_state[event.state] = MJC_PUBLISHED.labels(event.state)
-        child.inc()
+        _completed(event.state)
+    elif isinstance(event, JobsCompleted):
+        for a in event.attempts:
+            _completed(a.state)
+
+
+def _completed(state: str) -> None:
+    child = _by_state.get(state)
+    if child is None:
+        child = _by_state[state] = MJC_PUBLISHED.labels(state)
+    child.inc()
 
 
 def start_coalesced() -> None:

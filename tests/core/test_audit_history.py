@@ -23,7 +23,7 @@ from schemas.batch import (
 )
 from schemas.envelope import wrap
 from schemas.events import AnyEvent
-from schemas.execution import JobCompleted, JobScheduled, JobsScheduled
+from schemas.execution import JobCompleted, JobScheduled, JobsCompleted, JobsScheduled
 from services.audit.history import (
     Entry,
     format_line,
@@ -165,6 +165,22 @@ def test_a_bunch_of_sjs_is_narrowed_to_the_job() -> None:
     assert job_1 is not None and "jobs.scheduled" in _tags(job_1)
     others = job_history([*BATCH[:5], *_entries([JobsScheduled.of(7, singles[::2])])], 2)
     assert others is not None and "jobs.scheduled" not in _tags(others)
+
+
+def test_a_bunch_of_mjcs_is_narrowed_to_the_job() -> None:
+    singles = [JobCompleted(batch_id=7, job_id=j, attempt_id=f"a{j}", instance_name="w1",
+                            state="Failed" if j == 3 else "Success", exit_code=int(j == 3),
+                            end_time_ms=T0 + j) for j in (1, 3)]
+    entries = [*BATCH[:5], *_entries([JobsCompleted.of(singles)])]
+    assert summary(entries[-1].envelope.event) == "jobs=1,3 (n=2) instance_name=w1"
+    got = job_history(entries, 3)
+    assert got is not None and _tags(got)[-1] == "jobs.completed"
+    narrowed = got[-1].envelope.event
+    assert isinstance(narrowed, JobsCompleted) and narrowed.expand() == [singles[1]]
+    assert summary(narrowed).startswith(
+        "jobs=3 (n=1) attempt_id=a3 instance_name=w1 state=Failed exit_code=1")
+    others = job_history(entries, 2)
+    assert others is not None and "jobs.completed" not in _tags(others)
 
 
 def test_format_line() -> None:

@@ -13,6 +13,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
 )
@@ -161,3 +162,10 @@ def test_a_bunch_of_sjs_counts_as_its_attempts() -> None:
     ops = count_event(bunch, 60_000, token=4)
     assert [(op.key["minute"], op.key["kind"], op.key["token"], op.deltas["n"]) for op in ops] \
         == [(1, "SJ", 4, 2)]
+
+
+def test_a_bunch_of_mjcs_counts_its_completions_and_the_starts_they_report() -> None:
+    bunch = JobsCompleted.of([msgspec.structs.replace(MJC, job_id=j, start_time_ms=1,
+                                                      start_reported=j != 2) for j in (1, 2, 3)])
+    ops = count_event(bunch, 0, token=1)
+    assert {op.key["kind"]: op.deltas["n"] for op in ops} == {"MJC": 3, "MJS": 1}

@@ -36,6 +36,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
     JobUnschedulable,
@@ -407,6 +408,16 @@ def test_a_bunch_of_sjs_folds_as_its_single_sjs() -> None:
     bunched = fold([*base, JobsScheduled.of(1, singles), mjc(1, 1)])
     assert bunched == fold([*base, *singles, mjc(1, 1)])
     assert where(bunched) == {(1, 2): "Running", (1, 3): "Ready", (1, 4): "Running"}
+    check_invariants(bunched)
+
+
+def test_a_bunch_of_mjcs_folds_as_its_single_mjcs() -> None:
+    base = [*BASE, submitted(1, 1, jr(1), jr(2), jr(3, [1, 2]), jr(4)), committed(1, 1),
+            sj(1, 1), sj(1, 2), sj(1, 4)]
+    singles = [mjc(1, 1), mjc(1, 2, "Failed"), mjc(1, 9)]  # job 9 is unknown: ignored
+    bunched = fold([*base, JobsCompleted.of(singles)])
+    assert bunched == fold([*base, *singles])
+    assert where(bunched) == {(1, 3): "Ready+cancel", (1, 4): "Running"}
     check_invariants(bunched)
 
 

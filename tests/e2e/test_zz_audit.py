@@ -52,9 +52,12 @@ def test_a_rebuild_after_the_compatibility_scenarios_has_no_difference(
     batch = executed["run_basic"]["batch"]["id"]
     history = audit(running_system, "history", "--batch", str(batch), "--json")
     assert history.returncode == 0, history.stderr
-    tags = [json.loads(line)["tag"] for line in history.stdout.splitlines()]
-    assert tags[0] == "batch.created" and tags.count("job.completed") >= 5
-    assert {"job.scheduled", "job.started", "batch.update_committed"} <= set(tags)
+    lines = [json.loads(line) for line in history.stdout.splitlines()]
+    tags = [line["tag"] for line in lines]
+    mjcs = sum(len(line["event"]["attempts"]) if line["tag"] == "jobs.completed"
+               else line["tag"] == "job.completed" for line in lines)
+    assert tags[0] == "batch.created" and mjcs >= 5
+    assert {"jobs.scheduled", "job.started", "batch.update_committed"} <= set(tags)
 
     rebuilt = audit(running_system, "rebuild", "--wait-s", "60")
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr

@@ -33,6 +33,7 @@ from schemas.execution import (
     AttemptHeartbeat,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
 )
@@ -127,11 +128,13 @@ def history(b: int) -> tuple[list[AnyEvent], set[int]]:
         sj(b + 7, 1, "a1"), mjs(b + 7, 1, "a1"), sj(b + 7, 1, "a2"), mjs(b + 7, 1, "a2"),
         mjc(b + 7, 1, "a2"), mjc(b + 7, 1, "a1", "Failed"), mjs(b + 7, 2), sj(b + 7, 2),
         mjc(b + 7, 2), mjc(b + 7, 3, state="Error"), sj(b + 7, 4), mjs(b + 7, 4, at=T0 + 123),
-        # SJs bunched as the scheduler publishes them: the child in a later round's bunch.
-        *submission(b + 8, 1, [job(1), job(2), job(3, 0, [1])], create=True),
-        JobsScheduled.of(b + 8, [sj(b + 8, 1), sj(b + 8, 2)]), mjc(b + 8, 1),
-        mjc(b + 8, 2, state="Failed"), JobsScheduled.of(b + 8, [sj(b + 8, 3)]),
-        mjc(b + 8, 3, start_reported=False),
+        # SJs bunched as the scheduler publishes them (the child in a later round's bunch),
+        # MJCs as a worker publishes them.
+        *submission(b + 8, 1, [job(1), job(3), job(2, 0, [1])], create=True),
+        JobsScheduled.of(b + 8, [sj(b + 8, 1), sj(b + 8, 3)]),
+        JobsCompleted.of([msgspec.structs.replace(m, instance_name="w1") for m in (
+            mjc(b + 8, 1, start_reported=False), mjc(b + 8, 3, state="Failed"))]),
+        JobsScheduled.of(b + 8, [sj(b + 8, 2)]), mjc(b + 8, 2, start_reported=False),
     ]
     for j in range(1, 8):  # batch b, interleaved with the others' execution
         events += [sj(b, j), mjs(b, j),

@@ -24,6 +24,7 @@ from schemas.execution import (
     JobCancelled,
     JobCompleted,
     JobScheduled,
+    JobsCompleted,
     JobsScheduled,
     JobStarted,
 )
@@ -163,26 +164,36 @@ def timed(events: list[AnyEvent]) -> list[Envelope]:
 
 
 def bunched(log: list[Envelope]) -> list[Envelope]:
-    """The log with each batch's SJs bunched as the scheduler bunches them: an SJ joins its
-    batch's open bunch unless another event of that batch came between them. A bunch has the
-    time of its first SJ (the rest of the log keeps its times)."""
+    """The log with SJs and MJCs bunched as the scheduler and the workers bunch them: an SJ
+    joins its batch's open bunch of SJs, an MJC its batch's and instance's open bunch of MJCs,
+    unless another event of that batch came between them. A bunch has the time and id of its
+    first event (the rest of the log keeps its times)."""
     out: list[Envelope | list[Envelope]] = []
-    open_bunch: dict[int, list[Envelope]] = {}
+    open_bunch: dict[tuple[int, str], list[Envelope]] = {}
     for env in log:
         e = env.event
-        if isinstance(e, JobScheduled):
-            if e.batch_id in open_bunch:
-                open_bunch[e.batch_id].append(env)
-            else:
-                open_bunch[e.batch_id] = [env]
-                out.append(open_bunch[e.batch_id])
-            continue
-        open_bunch.pop(getattr(e, "batch_id", -1), None)
-        out.append(env)
-    return [wrap(JobsScheduled.of(x[0].event.batch_id,  # type: ignore[union-attr]
-                                  [y.event for y in x]),  # type: ignore[misc]
-                 event_id=x[0].event_id, time_ms=x[0].time_ms) if isinstance(x, list) else x
+        key = (e.batch_id, "SJ") if isinstance(e, JobScheduled) else (
+            (e.batch_id, e.instance_name) if isinstance(e, JobCompleted) else None)
+        if key is None:
+            batch = getattr(e, "batch_id", None)
+            open_bunch = {k: v for k, v in open_bunch.items() if k[0] != batch}
+            out.append(env)
+        elif key in open_bunch:
+            open_bunch[key].append(env)
+        else:
+            open_bunch = {k: v for k, v in open_bunch.items() if k[0] != key[0]}
+            open_bunch[key] = [env]
+            out.append(open_bunch[key])
+    return [x if not isinstance(x, list) else wrap(_bunch([y.event for y in x]),
+                                                   event_id=x[0].event_id, time_ms=x[0].time_ms)
             for x in out]
+
+
+def _bunch(events: list[AnyEvent]) -> AnyEvent:
+    if all(isinstance(e, JobScheduled) for e in events):
+        sjs = [e for e in events if isinstance(e, JobScheduled)]
+        return JobsScheduled.of(sjs[0].batch_id, sjs)
+    return JobsCompleted.of([e for e in events if isinstance(e, JobCompleted)])
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -224,8 +235,8 @@ def test_big_transactions_equal_one_record_per_transaction(
 
 
 @pytest.mark.parametrize("seed", [4, 5])
-def test_bunched_sjs_project_as_single_sjs(engines: list[tuple[sa.Engine, str]],
-                                           seed: int) -> None:
+def test_bunched_sjs_and_mjcs_project_as_single_ones(engines: list[tuple[sa.Engine, str]],
+                                                    seed: int) -> None:
     (with_bunches, bunches_db), (with_singles, singles_db) = engines
     _empty(engines)
     singles = timed(history(seed))
@@ -233,6 +244,8 @@ def test_bunched_sjs_project_as_single_sjs(engines: list[tuple[sa.Engine, str]],
     sizes = [len(e.event.attempts) for e in bunches if isinstance(e.event, JobsScheduled)]
     assert max(sizes) > 1
     assert sum(sizes) == sum(isinstance(e.event, JobScheduled) for e in singles)
+    mjcs = [len(e.event.attempts) for e in bunches if isinstance(e.event, JobsCompleted)]
+    assert max(mjcs) > 1
     for engine, log in ((with_bunches, bunches), (with_singles, singles)):
         records = _records(log)
         sink = Sink(engine, f"sj-{seed}")

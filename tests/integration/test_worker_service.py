@@ -16,7 +16,7 @@ import pytest
 
 from schemas.base import Event
 from schemas.events import AnyEvent
-from schemas.execution import AttemptHeartbeat, JobCompleted, JobStarted
+from schemas.execution import AttemptHeartbeat, JobCompleted, JobsCompleted, JobStarted
 from schemas.infra import InstanceActivated
 from services.common import metrics, procs
 from services.common.log import (
@@ -58,6 +58,7 @@ class Env:
         self.consumer = consumer
         self.log_settings = log_settings
         self.events: list[Event] = []
+        self.records: list[Event] = []  # as on the log: bunches not expanded
         self.base = f"http://{worker.address}"
 
     async def post(self, job_id: int, attempt_id: str, job_spec: dict[str, Any] | None,
@@ -85,7 +86,11 @@ class Env:
                        ) -> list[Event]:
         async with asyncio.timeout(timeout_s):
             while not found(self.events):
-                self.events += [r.envelope.event for r in await self.consumer.next_batch()]
+                for r in await self.consumer.next_batch():
+                    self.records.append(r.envelope.event)
+                    event = r.envelope.event  # a bunch of MJCs as its single MJCs
+                    self.events += event.expand() if isinstance(event, JobsCompleted) else [
+                        event]
         return self.events
 
     async def settle(self) -> list[Event]:
@@ -356,6 +361,30 @@ async def test_an_attempt_that_ends_before_its_start_is_due_reports_only_its_com
     assert mjc.state == "Success" and mjc.start_time_ms == 7_000_000 <= mjc.end_time_ms
 
 
+async def test_completions_gathered_in_the_outbox_go_out_as_one_record_per_batch(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    async with running(log_settings, tmp_path, start_report_ms=5_000, linger_ms=400) as env:
+        def mjcs() -> float:
+            return sum(_sample("hs_worker_mjc_published_total", state=state)
+                       for state in ("Success", "Failed"))
+
+        before = mjcs()
+        for job_id in (1, 2, 3):
+            await env.post(job_id, "a1", spec("true"))
+        await env.post(4, "a1", spec("false"))
+        await env.wait_for(lambda evs: all(completed(j)(evs) for j in (1, 2, 3, 4)))
+        await env.settle()
+        published = mjcs() - before
+    assert published == 4  # the metric counts completions, not records
+    bunches = [e for e in env.records if isinstance(e, JobsCompleted)]
+    assert [e for e in env.records if isinstance(e, JobCompleted)] == []
+    assert sorted(a.job_id for b in bunches for a in b.attempts) == [1, 2, 3, 4]
+    assert len(bunches) < 4 and all(b.instance_name == "worker-1" for b in bunches)
+    states = {m.job_id: (m.state, m.exit_code, m.start_reported) for m in env.of(JobCompleted)}
+    assert states == {1: ("Success", 0, False), 2: ("Success", 0, False),
+                      3: ("Success", 0, False), 4: ("Failed", 1, False)}
+
+
 async def test_a_longer_attempt_reports_its_start_while_it_runs_and_heartbeats_after_it(
         log_settings: LogSettings, tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
@@ -377,8 +406,8 @@ async def test_a_longer_attempt_reports_its_start_while_it_runs_and_heartbeats_a
     assert all(isinstance(e, AttemptHeartbeat) for e in mine[1:-1]) and len(mine) >= 4
 
 
-def _sample(name: str) -> float:
-    return metrics.REGISTRY.get_sample_value(name) or 0.0
+def _sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels or None) or 0.0
 
 
 class FlakyPublisher(Publisher):
@@ -390,7 +419,7 @@ class FlakyPublisher(Publisher):
 
     async def publish_many(self, events: Sequence[AnyEvent | Any], *,
                            partition: int | None = None) -> list[LogPosition]:
-        if self.failures and any(isinstance(e, JobCompleted) for e in events):
+        if self.failures and any(isinstance(e, JobCompleted | JobsCompleted) for e in events):
             self.failures -= 1
             raise LogError("publishing: KafkaTimeoutError", retryable=True)
         return await super().publish_many(events, partition=partition)
