@@ -2,13 +2,14 @@
 
 A rate on this 2-core machine is bounded by the CPU each unit of work costs across every process
 that touches it. This module samples ``/proc`` before and after a window and attributes CPU time
-(user + system, plus reaped children: a worker's job processes count as the worker's) to
-components by command line: the broker (tansu), its storage (SeaweedFS), MariaDB and each of our
-services. Only processes whose environment carries the stack's ``HS_DATA_DIR`` are ours, so
-other stacks on the machine (tests running beside a benchmark) are not counted; MariaDB is a
-shared server and is counted whole, which the figures say. The machine's own busy time comes
-from ``/proc/stat``; with it, ``ceiling_per_s`` is how many units per second the machine could do
-if all of its CPU went to this work at the measured cost per unit.
+(user + system, plus reaped children) to components by command line: the broker (tansu), its
+storage (SeaweedFS), MariaDB and each of our services; a worker's reaped children (the jobs it
+ran) are a component of their own, ``jobs (worker children)``. Only processes whose environment
+carries the stack's ``HS_DATA_DIR`` are ours, so other stacks on the machine (tests running
+beside a benchmark) are not counted; MariaDB is a shared server and is counted whole, which the
+figures say. The machine's own busy time comes from ``/proc/stat``; with it, ``ceiling_per_s``
+is how many units per second the machine could do if all of its CPU went to this work at the
+measured cost per unit.
 """
 
 from __future__ import annotations
@@ -37,12 +38,16 @@ def _component(cmdline: str) -> str | None:
     return None
 
 
-def _proc_cpu(pid: str) -> float:
-    """CPU seconds of ``pid``: own user + system and that of its reaped children."""
+JOBS = "jobs (worker children)"
+"""The component of the processes the workers ran (and reaped): the jobs themselves."""
+
+
+def _proc_cpu(pid: str) -> tuple[float, float]:
+    """CPU seconds of ``pid``: its own user + system, and that of its reaped children."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime + cutime + cstime) / _TICK
+    return (utime + stime) / _TICK, (cutime + cstime) / _TICK
 
 
 def _ours(pid: str, marker: bytes) -> bool:
@@ -52,10 +57,11 @@ def _ours(pid: str, marker: bytes) -> bool:
         return False
 
 
-def processes(marker: bytes) -> dict[int, tuple[str, float]]:
-    """pid -> (component, CPU seconds so far) of the processes whose environment has ``marker``
-    (``HS_DATA_DIR=...`` of a stack, say), and MariaDB's."""
-    out: dict[int, tuple[str, float]] = {}
+def processes(marker: bytes) -> dict[tuple[int, bool], tuple[str, float]]:
+    """(pid, children?) -> (component, CPU seconds so far) of the processes whose environment
+    has ``marker`` (``HS_DATA_DIR=...`` of a stack, say), and MariaDB's; a process's reaped
+    children count as it does, except a worker's (:data:`JOBS`)."""
+    out: dict[tuple[int, bool], tuple[str, float]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -66,7 +72,12 @@ def processes(marker: bytes) -> dict[int, tuple[str, float]]:
                 continue
             if component != "mariadb (shared)" and not _ours(entry, marker):
                 continue
-            out[int(entry)] = (component, _proc_cpu(entry))
+            own, children = _proc_cpu(entry)
+            if component == "worker":
+                out[(int(entry), False)] = (component, own)
+                out[(int(entry), True)] = (JOBS, children)
+            else:
+                out[(int(entry), False)] = (component, own + children)
         except (OSError, ValueError):
             continue  # exited while we looked
     return out
@@ -92,7 +103,7 @@ class Window:
     children: bool = True
     children_as: str = "client (hailtop)"
     """The component the benchmark's reaped children count as."""
-    _before: dict[int, tuple[str, float]] | None = None
+    _before: dict[tuple[int, bool], tuple[str, float]] | None = None
     _busy: tuple[float, float] = (0.0, 0.0)
     _children: float = 0.0
     _self: float = 0.0
