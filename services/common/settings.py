@@ -28,6 +28,14 @@ default of 500 and after about 4 ms with 20; an idle consumer of 8 partitions at
 broker about 3% of a core."""
 
 
+LOCAL_BROKER_PARTITIONS = 2
+"""Partitions per topic of the one-machine stack (``HS_KAFKA_PARTITIONS`` overrides). The local
+broker (tansu) reads every partition of a fetch on each poll, waiting or not: idle, the stack's
+consumers cost it 22% of a core with 8 partitions per topic and 8% with 2 (measured). On one
+machine one projector applies every partition anyway; partitions are how projectors scale out
+(deploy/ keeps 8)."""
+
+
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How to reach and use the Kafka-protocol log."""
 

@@ -24,6 +24,7 @@ import msgspec
 
 from services.common.settings import (
     LOCAL_BROKER_FETCH_MAX_WAIT_MS,
+    LOCAL_BROKER_PARTITIONS,
     LogSettings,
     Settings,
     load_settings,
@@ -146,6 +147,7 @@ class StackConfig:
         if wait == LogSettings().fetch_max_wait_ms:
             wait = LOCAL_BROKER_FETCH_MAX_WAIT_MS
         env["HS_KAFKA_FETCH_MAX_WAIT_MS"] = str(wait)
+        env["HS_KAFKA_PARTITIONS"] = str(self.settings.log.partitions)
         return env
 
 
@@ -159,9 +161,12 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: object) -> St
         stack = msgspec.structs.replace(stack, **given)
     kafka_port = stack.kafka_port if stack.kafka_port is not None else _bootstrap_port(
         settings.log.bootstrap_servers)
-    # The log settings the stack itself uses point at the broker it runs.
+    # The log settings the stack itself uses point at the broker it runs, with the local
+    # broker's partition count unless one was asked for.
+    partitions = (settings.log.partitions if "HS_KAFKA_PARTITIONS" in env
+                  else LOCAL_BROKER_PARTITIONS)
     settings = msgspec.structs.replace(
-        settings, log=msgspec.structs.replace(settings.log,
+        settings, log=msgspec.structs.replace(settings.log, partitions=partitions,
                                               bootstrap_servers=f"127.0.0.1:{kafka_port}"))
     # The default data directory is var/ in the repository, wherever the CLI runs from.
     data_dir = Path(env["HS_DATA_DIR"]) if "HS_DATA_DIR" in env else REPO_ROOT / "var"

@@ -27,8 +27,13 @@ from schemas.batch import BatchCreated
 from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, Publisher, Record
 from services.common.offsets import MySQLOffsetStore
-from services.common.settings import TOPIC_BATCH, DatabaseSettings, LogSettings
-from services.stack.config import SEAWEED_PORT_SPAN
+from services.common.settings import (
+    LOCAL_BROKER_PARTITIONS,
+    TOPIC_BATCH,
+    DatabaseSettings,
+    LogSettings,
+)
+from services.stack.config import SEAWEED_PORT_SPAN, load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -270,3 +275,13 @@ def test_down_stops_everything_and_is_idempotent(stack: Stack) -> None:
     assert not any(c["alive"] for c in status["components"])
     again = stack.run("down")
     assert again.returncode == 0 and "nothing to stop" in again.stdout
+
+
+def test_the_local_stack_uses_few_partitions_unless_told_otherwise(tmp_path: Path) -> None:
+    base = {"HS_DATA_DIR": str(tmp_path)}
+    config = load_config(base)
+    assert config.settings.log.partitions == LOCAL_BROKER_PARTITIONS
+    assert config.client_env()["HS_KAFKA_PARTITIONS"] == str(LOCAL_BROKER_PARTITIONS)
+    asked = load_config({**base, "HS_KAFKA_PARTITIONS": "8"})
+    assert asked.settings.log.partitions == 8
+    assert asked.client_env()["HS_KAFKA_PARTITIONS"] == "8"
