@@ -14,6 +14,7 @@ import logging
 from typing import Self
 
 import aiohttp
+import msgspec
 import sqlalchemy as sa
 
 from schemas import topics
@@ -63,7 +64,9 @@ class CompletionsService:
         if cs.callbacks:
             wake = asyncio.Event()
             name = callback_consumer(s.log)
-            self._consumer = LogConsumer(s.log, ConsumerOptions(
+            intake_log = msgspec.structs.replace(s.log, fetch_max_wait_ms=max(
+                s.log.fetch_max_wait_ms, cs.intake_fetch_wait_ms))
+            self._consumer = LogConsumer(intake_log, ConsumerOptions(
                 name=name, topics=[topics.COMPLETIONS], group=False, max_records=500))
             await self._consumer.start()
             self._session = aiohttp.ClientSession()

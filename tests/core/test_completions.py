@@ -27,6 +27,7 @@ from core.status import format_time_ms, group_state
 from schemas import codec
 from schemas.batch import BatchCompleted, JobGroupCompleted
 from schemas.envelope import wrap
+from services.completions.settings import load_completions_settings
 
 T0 = 1_767_225_600_000
 
@@ -178,3 +179,11 @@ def test_parse_time_inverts_format(ms: int) -> None:
 @pytest.mark.parametrize("text", [None, 5, "", "yesterday", "2026-01-01"], ids=str)
 def test_parse_time_of_anything_else_is_none(text: object) -> None:
     assert parse_time(text) is None
+
+
+def test_the_callback_intake_fetch_wait_is_configurable_and_bounded() -> None:
+    assert load_completions_settings({}).intake_fetch_wait_ms == 250
+    assert load_completions_settings(
+        {"HS_COMPLETIONS_FETCH_WAIT_MS": "40"}).intake_fetch_wait_ms == 40
+    with pytest.raises(ValueError, match="HS_COMPLETIONS_FETCH_WAIT_MS"):
+        load_completions_settings({"HS_COMPLETIONS_FETCH_WAIT_MS": "-1"})
