@@ -92,17 +92,26 @@ class Outbox:
                 self._inflight, self._pending = self._pending, []
                 try:
                     await self._publish([e for e, _ in self._inflight])
-                except Exception as e:  # not the log's: tell the waiters, go on with the rest
-                    log.exception("publishing %d events failed", len(self._inflight))
-                    for _, done in self._inflight:
-                        if not done.done():
-                            done.set_exception(e)
+                except Exception:  # not the log's (one bad event?): the others one by one
+                    log.exception("publishing %d events failed; trying each alone",
+                                  len(self._inflight))
+                    await self._publish_each(self._inflight)
                 for _, done in self._inflight:
                     if not done.done():
                         done.set_result(None)
                 self._inflight = []
         finally:
             self._task = None
+
+    async def _publish_each(self, items: list[tuple[AnyEvent, asyncio.Future[None]]]) -> None:
+        """Publish events alone, so that one that cannot be published fails only its waiter."""
+        for event, done in items:
+            try:
+                await self._publish([event])
+            except Exception as e:
+                log.exception("cannot publish %s", type(event).__name__)
+                if not done.done():
+                    done.set_exception(e)
 
     async def _publish(self, events: list[AnyEvent]) -> None:
         records = bunch_completions(events)

@@ -437,6 +437,32 @@ async def test_an_mjc_survives_broker_hiccups(log_settings: LogSettings,
     assert mjc.state == "Success"
 
 
+class PoisonPublisher(Publisher):
+    """Cannot publish (as if it could not encode) any record with job 2's completion."""
+
+    async def publish_many(self, events: Sequence[AnyEvent | Any], *,
+                           partition: int | None = None) -> list[LogPosition]:
+        for e in events:
+            jobs = [a.job_id for a in e.attempts] if isinstance(e, JobsCompleted) else [
+                getattr(e, "job_id", None)] if isinstance(e, JobCompleted) else []
+            if 2 in jobs:
+                raise TypeError("cannot encode job 2's completion")
+        return await super().publish_many(events, partition=partition)
+
+
+async def test_an_event_that_cannot_be_published_fails_alone(log_settings: LogSettings,
+                                                             tmp_path: Path) -> None:
+    poison = PoisonPublisher(log_settings)
+    async with running(log_settings, tmp_path, publisher=poison, linger_ms=300) as env:
+        for job_id in (1, 2, 3):
+            await env.post(job_id, "a1", spec("true"))
+        await env.wait_for(lambda evs: completed(1)(evs) and completed(3)(evs))
+        await env.settle()
+        async with env.http.get(f"{env.base}/healthcheck") as r:
+            assert r.status == 200 and (await r.json())["free_mcpu"] == 4000
+    assert sorted(m.job_id for m in env.of(JobCompleted)) == [1, 3]
+
+
 def test_settings_from_the_environment() -> None:
     settings = load_worker_settings({"HS_WORKER_INSTANCE_NAME": "w-9", "HS_WORKER_PORT": "6001",
                                      "HS_WORKER_CORES_MCPU": "16000",
