@@ -8,7 +8,8 @@ fast this machine starts and reaps ``true`` processes with nothing else to do, b
 own runtime, measured in the same run: every job costs at least one such spawn.
 ``log_jobs_per_s`` is the rate read off the log itself (first SJ to last MJC of the batch): how
 fast the scheduler and workers run jobs, before the projector makes completion visible to the
-API.
+API. ``idle_cpu_ms_per_s`` is what the stack costs doing nothing, watched for ``IDLE_S`` before
+the run: mostly consumers polling the broker, which the run pays as well.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
 from services.common.settings import LogSettings, load_settings
 from services.stack.config import SEAWEED_PORT_SPAN
 from services.worker.runtime import FileLogSink, LocalProcessRuntime, RunRequest
+
+IDLE_S = 5.0
+"""How long the stack is watched doing nothing, before the run."""
 
 
 async def _spawn_rate(n: int, concurrency: int) -> float:
@@ -107,6 +111,12 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
         warm = _submit(url, token, 100, "0.25")  # workers up before the clock starts
         while not _status(url, token, warm["id"])["complete"]:
             time.sleep(0.2)
+        # What the stack costs doing nothing (consumers polling the broker, mostly), which
+        # the run pays too: CPU ms per second per component.
+        quiet = cpu.Window.of_stack(str(tmp))
+        quiet.start()
+        time.sleep(IDLE_S)
+        idle = quiet.stop(IDLE_S, unit="s")
         window = cpu.Window.of_stack(str(tmp))
         window.start()
         t0 = time.perf_counter()
@@ -134,6 +144,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             "spawn_per_s_serial": round(spawn_1),
             "spawn_per_s_16_concurrent": round(spawn_16),
             **spent,
+            "idle_cpu_ms_per_s": idle["cpu_ms_per_s"],
         }
     finally:
         _stack(env, "down")
