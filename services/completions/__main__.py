@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 
+from services.common.gcpause import tune_for_service
 from services.common.metrics import serve_metrics
 from services.common.settings import Settings, load_settings
 from services.completions import metrics as completions_metrics
@@ -31,6 +32,7 @@ async def serve(settings: Settings, completions: CompletionsSettings) -> None:
 
 
 def main() -> None:
+    tune_for_service()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from core.resources import default_config
+from services.common.gcpause import tune_for_service
 from services.common.log import Publisher
 from services.common.settings import load_settings, log_root, projector_consumer, spec_root
 from services.common.storage import open_log_store, open_spec_store
@@ -56,6 +57,7 @@ async def serve(host: str, port: int) -> None:
 
 
 def main() -> None:
+    tune_for_service()
     parser = argparse.ArgumentParser(prog="python -m services.ingest")
     parser.add_argument("--port", type=int, default=int(os.environ.get("HS_INGEST_PORT", "5000")))
     # Loopback by default (the local stack); 0.0.0.0 in a container or pod.

@@ -14,12 +14,14 @@ import sys
 import faust
 import sqlalchemy as sa
 
+from services.common.gcpause import tune_for_service
 from services.common.metrics import metrics_host, metrics_port
 from services.common.settings import load_settings
 from services.projector.app import batch_within_s, create_app
 
 
 def main() -> None:
+    tune_for_service()
     settings = load_settings()
     try:
         within_s = batch_within_s(os.environ)

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 
+from services.common.gcpause import tune_for_service
 from services.common.metrics import serve_metrics
 from services.common.settings import Settings, load_settings
 from services.scheduler import metrics as scheduler_metrics
@@ -50,6 +51,7 @@ async def serve(settings: Settings, sched: SchedulerSettings) -> str:
 
 
 def main() -> None:
+    tune_for_service()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     why = asyncio.run(serve(load_settings(), load_scheduler_settings()))

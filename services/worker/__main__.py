@@ -30,6 +30,7 @@ import signal
 import socket
 from collections.abc import Mapping
 
+from services.common.gcpause import tune_for_service
 from services.common.settings import (
     LogSettings,
     Settings,
@@ -89,6 +90,7 @@ async def serve(settings: WorkerSettings, log_settings: LogSettings) -> None:
 
 
 def main() -> None:
+    tune_for_service()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     shared = load_settings()

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.common.gcpause import gc_paused
+from services.common.gcpause import SERVICE_GC_THRESHOLDS, gc_paused, tune_for_service
 
 
 @pytest.fixture(autouse=True)
@@ -69,3 +69,17 @@ def test_overlapping_pauses_of_interleaved_tasks() -> None:
 
     asyncio.run(main())
     assert seen == [("a", False), ("b", True)]
+
+
+def test_a_service_freezes_what_start_up_made_and_collects_less_often() -> None:
+    thresholds = gc.get_threshold()
+    gc.enable()
+    try:
+        tune_for_service()
+        assert gc.get_threshold() == SERVICE_GC_THRESHOLDS
+        assert SERVICE_GC_THRESHOLDS[0] > thresholds[0]
+        assert gc.get_freeze_count() > 0  # the imports' objects are out of the collector's way
+        assert gc.isenabled()  # cycles are still collected
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
