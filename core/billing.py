@@ -33,7 +33,7 @@ IP_FEE: Final = "ip-fee/1024"
 FIRST_VERSION: Final = "1"
 RATE_QUANTUM: Final = Decimal("1e-30")
 """Rates are stored with 30 decimal places (``resources.rate``)."""
-_DAY_MS: Final = 86_400_000
+DAY_MS: Final = 86_400_000
 _HOUR_MS: Final = 3_600_000
 _MACHINE_TYPE: Final = re.compile(r"[^-]+-(highcpu|standard|highmem)-\d+")
 
@@ -211,7 +211,7 @@ def by_day(from_ms: int, to_ms: int) -> list[tuple[dt.date, int, int]]:
     out = []
     start = from_ms
     while start < to_ms:
-        midnight = (start // _DAY_MS + 1) * _DAY_MS
+        midnight = (start // DAY_MS + 1) * DAY_MS
         end = min(to_ms, midnight)
         out.append((usage_date(start), start, end))
         start = end

@@ -10,11 +10,12 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from core.billing import by_day, usage
-from core.projection.ops import Increment
+from core.billing import DAY_MS, by_day, usage, usage_date
+from core.projection.ops import Increment, Increments
 from schemas.base import AttemptResource
 
 JOB: str = "aggregated_job_resources"
@@ -67,3 +68,48 @@ def accrue(who: Billed, resources: Iterable[AttemptResource], from_ms: int, to_m
                 "usage_date": day.isoformat(), "resource": resource, "token": token},
                 {"resource_usage": amount}))
     return ops
+
+
+def accrue_into(acc: Increments, who: Billed, quantities: Mapping[str, int], from_ms: int,
+                to_ms: int, token: int) -> None:
+    """Add to ``acc`` what :func:`accrue` returns, without an :class:`Increment` per row.
+
+    ``quantities`` are an attempt's resources (resource -> quantity). The projector bills
+    every attempt that ends into some thirty rollup rows (six resources, six rollups); built as
+    ops that was a seventh of its time in a no-op run. Drained, ``acc`` holds exactly
+    ``merge_increments`` of the ops :func:`accrue` returns.
+    """
+    ms = to_ms - from_ms
+    if ms <= 0 or not quantities:
+        return
+    b, job, project, user = who.batch_id, who.job_id, who.billing_project, who.user
+    bump = acc.bump
+    usage_key = "resource_usage"
+    for resource, quantity in quantities.items():
+        amount = quantity * ms
+        bump(JOB, (("batch_id", b), ("job_id", job), ("resource", resource)), usage_key, amount)
+        for g in who.groups:
+            bump(JOB_GROUP, (("batch_id", b), ("job_group_id", g), ("resource", resource),
+                             ("token", token)), usage_key, amount)
+        bump(BATCH, (("batch_id", b), ("resource", resource), ("token", token)), usage_key,
+             amount)
+        bump(BILLING_PROJECT, (("billing_project", project), ("resource", resource),
+                               ("token", token)), usage_key, amount)
+        bump(USER, (("user", user), ("resource", resource), ("token", token)), usage_key,
+             amount)
+    first_day = from_ms // DAY_MS
+    if (to_ms - 1) // DAY_MS == first_day:  # within one UTC day: the totals above
+        days = [(_day(first_day), ms)]
+    else:
+        days = [(day.isoformat(), end - start) for day, start, end in by_day(from_ms, to_ms)]
+    for day_iso, day_ms in days:
+        for resource, quantity in quantities.items():
+            bump(BILLING_PROJECT_USER_DATE, (
+                ("billing_project", project), ("user", user), ("usage_date", day_iso),
+                ("resource", resource), ("token", token)), usage_key, quantity * day_ms)
+
+
+@functools.lru_cache(maxsize=64)
+def _day(day: int) -> str:
+    """The ISO date of day number ``day`` since the epoch (UTC)."""
+    return usage_date(day * DAY_MS).isoformat()

@@ -101,6 +101,18 @@ class Increments:
         for column, delta in op.deltas.items():
             merged[column] = merged.get(column, 0) + delta
 
+    def bump(self, table: str, key: tuple[tuple[str, Value], ...], column: str,
+             delta: int) -> None:
+        """Add ``delta`` to ``column`` of the row with ``key`` (an Increment's key items).
+
+        What :meth:`add` does for one Increment, without building one (the billing hot path).
+        """
+        merged = self._by_key.get((table, key))
+        if merged is None:
+            self._by_key[(table, key)] = {column: delta}
+        else:
+            merged[column] = merged.get(column, 0) + delta
+
     def drain(self) -> list[Increment]:
         """The merged increments (zero deltas dropped), in a stable order; then empty."""
         canonical: dict[tuple[str, tuple[tuple[str, Value], ...]], dict[str, int]] = {}

@@ -28,7 +28,7 @@ import sqlalchemy as sa
 
 from core.billing import billable
 from core.completions import completion_ops
-from core.projection.billing import Billed, accrue
+from core.projection.billing import Billed
 from core.projection.cancel import Cancellable, plan_cancel
 from core.projection.commit import (
     BatchBefore,
@@ -560,9 +560,7 @@ class Handler:
         if interval is None:
             return
         who = Billed(b, j, self._ancestors(b, row.job_group_id), row.billing_project, row.user)
-        resources = [AttemptResource(resource=r, quantity=q)
-                     for r, q in sorted(att.resources.items())]
-        self._w.emit(accrue(who, resources, *interval, self._token))
+        self._w.accrue(who, att.resources, *interval, self._token)
         self._update_attempt(b, j, attempt_id, {"rollup_time_ms": interval[1]})
 
     def _start(self, event: JobScheduled | JobStarted, now: int) -> None:

@@ -19,12 +19,13 @@ value through several calls, which was most of the projector's CPU for a bunch o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, cast
 
 import sqlalchemy as sa
 
+from core.projection.billing import Billed, accrue_into
 from core.projection.ops import (
     Delete,
     Increment,
@@ -185,6 +186,11 @@ class Writer:
                 if self._touches_deferred(op, keys):
                     self._undefer(op.table)
             self._pending.append(op)
+
+    def accrue(self, who: Billed, quantities: Mapping[str, int], from_ms: int, to_ms: int,
+               token: int) -> None:
+        """Bill an interval into the rollups: ``emit(accrue(...))`` without the ops."""
+        accrue_into(self._increments, who, quantities, from_ms, to_ms, token)
 
     def _touches_deferred(self, op: Op, keys: tuple[str, ...]) -> bool:
         deferred = self._deferred.get(op.table)

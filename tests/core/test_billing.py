@@ -38,7 +38,9 @@ from core.projection.billing import (
     USER,
     Billed,
     accrue,
+    accrue_into,
 )
+from core.projection.ops import Increments, merge_increments
 from schemas.base import AttemptResource
 
 DAY = 86_400_000
@@ -211,6 +213,29 @@ def test_rollups_equal_the_sum_of_their_parts(intervals: list[tuple]) -> None:  
     assert group0 == dict(by_batch)
     dated = total(BILLING_PROJECT_USER_DATE, lambda k: (k[0], k[1]))  # (project, resource)
     assert dated == dict(by_project)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.integers(1, 3),                      # batch
+    st.integers(1, 5),                      # job
+    st.sampled_from([[0], [1, 0], [2, 1, 0]]),  # group ancestry
+    st.sampled_from(["p1", "p2"]),          # billing project
+    resources_st,
+    st.integers(0, 3 * DAY),                # from
+    st.sampled_from([0, 1, 999, DAY - 1, DAY, DAY + 1, 2 * DAY + 7]),  # length
+    st.integers(0, 2),                      # token
+), max_size=10))
+def test_accrue_into_adds_what_accrue_returns(intervals: list[tuple]) -> None:  # type: ignore[type-arg]
+    """The projector's fast path bills the same rows by the same amounts as the ops."""
+    acc = Increments()
+    ops = []
+    for b, j, groups, project, resources, start, length, token in intervals:
+        who = Billed(b, j, groups, project, "alice")
+        ops += accrue(who, resources, start, start + length, token)
+        accrue_into(acc, who, {r.resource: r.quantity for r in resources}, start,
+                    start + length, token)
+    assert acc.drain() == merge_increments(ops)
 
 
 def test_accrue_over_midnight_splits_the_dated_rollup() -> None:
