@@ -3,6 +3,9 @@
 ``HS_PROJECTOR_BATCH_WITHIN_MS`` (default 10) is how long a batch of events waits to fill
 before it is applied: longer means fewer, larger transactions (less CPU per event) and longer
 read-your-writes waits (see ``services.projector.app.BATCH_WITHIN_ENV``).
+``HS_PROJECTOR_EXECUTION_LINGER_MS`` (default 40) is how much longer a batch of execution
+reports alone (SJ, MJS, MJC, heartbeats: nobody waits to read them) waits before it is applied
+(see ``services.projector.app.EXECUTION_LINGER_ENV``).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import sqlalchemy as sa
 from services.common.gcpause import tune_for_service
 from services.common.metrics import metrics_host, metrics_port
 from services.common.settings import load_settings
-from services.projector.app import batch_within_s, create_app
+from services.projector.app import batch_within_s, create_app, execution_linger_s
 
 
 def main() -> None:
@@ -25,12 +28,14 @@ def main() -> None:
     settings = load_settings()
     try:
         within_s = batch_within_s(os.environ)
+        linger_s = execution_linger_s(os.environ)
     except ValueError as e:
         sys.exit(f"projector: {e}")
     engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
                               pool_pre_ping=True)
     app = create_app(settings, engine, metrics_port=metrics_port("projector"),
-                     metrics_host=metrics_host(), within_s=within_s)
+                     metrics_host=metrics_host(), within_s=within_s,
+                     linger_s=linger_s)
     worker = faust.Worker(app, loglevel=logging.INFO, quiet=True)
     try:
         worker.execute_from_commandline()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -25,6 +25,14 @@ from mode import CrashingSupervisor
 
 from schemas import codec
 from schemas import topics as logical_topics
+from schemas.execution import (
+    AttemptHeartbeat,
+    JobCompleted,
+    JobScheduled,
+    JobsCompleted,
+    JobsScheduled,
+    JobStarted,
+)
 from services.common.log import Record
 from services.common.metrics import MetricsServer
 from services.common.settings import PROJECTOR_CONSUMER, Settings
@@ -44,19 +52,55 @@ projector spent 11% less CPU per no-op job and MariaDB 25% less, and the executi
 (read-your-writes) may wait that much longer."""
 
 
-def batch_within_s(env: Mapping[str, str]) -> float:
-    """The batch wait :data:`BATCH_WITHIN_ENV` asks for, in seconds (default
-    :data:`BATCH_WITHIN_S`); ValueError, saying why, for a value that is not 0-5000 ms."""
-    raw = env.get(BATCH_WITHIN_ENV)
+EXECUTION_LINGER_S = 0.04
+EXECUTION_LINGER_ENV = "HS_PROJECTOR_EXECUTION_LINGER_MS"
+"""Overrides :data:`EXECUTION_LINGER_S`: how long a batch of execution reports alone (see
+:func:`lingers`) waits before it is applied, so that the next batch gathers what arrives
+meanwhile. Nobody waits to read those applied, so the wait costs no client anything, and the
+projector's fixed cost per transaction (offsets, state reads, a statement per table, the
+commit) is paid for more jobs at once: in a 30k no-op run, 40 ms took the projector from
+0.35-0.37 to 0.28 ms of CPU per job, MariaDB from 0.20-0.22 to 0.17 and the broker from 0.13 to
+0.11 (fewer fetches), and the run from 903-912 to 992 jobs/s. A batch with anything else in it (a
+submission, a commit, a cancel: writes whose clients wait for them, read-your-writes) is
+applied at once, so those waits stay as short as :data:`BATCH_WITHIN_S` makes them."""
+
+UNAWAITED: tuple[type, ...] = (JobScheduled, JobsScheduled, JobStarted, JobCompleted,
+                               JobsCompleted, AttemptHeartbeat)
+"""Events no client waits to see applied: the scheduler's and the workers' reports."""
+
+
+def lingers(records: Sequence[Record]) -> bool:
+    """Whether a batch may wait before it is applied: a batch short of :data:`BATCH_SIZE` made
+    only of :data:`UNAWAITED` events."""
+    return 0 < len(records) < BATCH_SIZE and all(
+        isinstance(r.envelope.event, UNAWAITED) for r in records)
+
+
+def _milliseconds(env: Mapping[str, str], name: str, default_s: float) -> float:
+    """Seconds from the whole milliseconds ``env[name]`` (default ``default_s``); ValueError,
+    saying why, for a value that is not 0-5000 ms."""
+    raw = env.get(name)
     if raw is None or raw == "":
-        return BATCH_WITHIN_S
+        return default_s
     try:
         ms = int(raw)
     except ValueError:
-        raise ValueError(f"{BATCH_WITHIN_ENV} must be whole milliseconds, not {raw!r}") from None
+        raise ValueError(f"{name} must be whole milliseconds, not {raw!r}") from None
     if not 0 <= ms <= 5_000:
-        raise ValueError(f"{BATCH_WITHIN_ENV} must be between 0 and 5000 ms, not {ms}")
+        raise ValueError(f"{name} must be between 0 and 5000 ms, not {ms}")
     return ms / 1000
+
+
+def batch_within_s(env: Mapping[str, str]) -> float:
+    """The batch wait :data:`BATCH_WITHIN_ENV` asks for, in seconds (default
+    :data:`BATCH_WITHIN_S`); ValueError, saying why, for a value that is not 0-5000 ms."""
+    return _milliseconds(env, BATCH_WITHIN_ENV, BATCH_WITHIN_S)
+
+
+def execution_linger_s(env: Mapping[str, str]) -> float:
+    """The linger :data:`EXECUTION_LINGER_ENV` asks for, in seconds (default
+    :data:`EXECUTION_LINGER_S`); ValueError, saying why, for a value that is not 0-5000 ms."""
+    return _milliseconds(env, EXECUTION_LINGER_ENV, EXECUTION_LINGER_S)
 
 
 def _records(events: Iterable[Any], logical: dict[str, str]
@@ -94,10 +138,12 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
 
 def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER,
                metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-               within_s: float = BATCH_WITHIN_S) -> faust.App:
+               within_s: float = BATCH_WITHIN_S,
+               linger_s: float = EXECUTION_LINGER_S) -> faust.App:
     """The projector app. ``name`` is its group id and the owner of its stored offsets.
     With ``metrics_port``, it serves ``/metrics`` there and refreshes its consumer lag.
-    ``within_s``: how long a batch of events waits to fill before it is applied."""
+    ``within_s``: how long a batch of events waits to fill before it is applied; ``linger_s``:
+    how much longer a batch of execution reports alone waits (see :func:`lingers`)."""
     s = settings.log
     app = faust.App(
         f"{s.topic_prefix}{name}",
@@ -139,6 +185,9 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
             batches = stream.take_events(BATCH_SIZE, within=within_s)  # type: ignore[attr-defined]
             async for events in batches:
                 records, undecodable = _records(events, logical)
+                if linger_s > 0 and undecodable is None and lingers(records):
+                    # Events queue in the stream meanwhile: the next batch takes them all.
+                    await asyncio.sleep(linger_s)
                 started = time.perf_counter()
                 applied = await apply_with_retry(sink, records)
                 metrics.observe(applied, time.perf_counter() - started)

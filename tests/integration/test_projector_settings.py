@@ -1,10 +1,33 @@
-"""The projector's batch wait: milliseconds from the environment, refused when out of range."""
+"""The projector's batch wait and execution linger: milliseconds from the environment, refused
+when out of range; which batches linger."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.projector.app import BATCH_WITHIN_ENV, BATCH_WITHIN_S, batch_within_s
+from schemas import samples
+from schemas.batch import JobsSubmitted
+from schemas.envelope import wrap
+from schemas.events import AnyEvent
+from schemas.execution import (
+    AttemptHeartbeat,
+    JobCompleted,
+    JobScheduled,
+    JobsCompleted,
+    JobsScheduled,
+    JobStarted,
+)
+from services.common.log import Record
+from services.projector.app import (
+    BATCH_SIZE,
+    BATCH_WITHIN_ENV,
+    BATCH_WITHIN_S,
+    EXECUTION_LINGER_ENV,
+    EXECUTION_LINGER_S,
+    batch_within_s,
+    execution_linger_s,
+    lingers,
+)
 
 
 def test_the_default_and_an_override() -> None:
@@ -21,3 +44,35 @@ def test_bad_values_say_what_is_wrong(raw: str, why: str) -> None:
     with pytest.raises(ValueError, match=why) as e:
         batch_within_s({BATCH_WITHIN_ENV: raw})
     assert BATCH_WITHIN_ENV in str(e.value)
+
+
+def test_the_execution_linger_default_an_override_and_a_bad_value() -> None:
+    assert execution_linger_s({}) == EXECUTION_LINGER_S
+    assert execution_linger_s({EXECUTION_LINGER_ENV: "0"}) == 0.0
+    assert execution_linger_s({EXECUTION_LINGER_ENV: "120"}) == 0.12
+    with pytest.raises(ValueError, match=f"{EXECUTION_LINGER_ENV} must be between"):
+        execution_linger_s({EXECUTION_LINGER_ENV: "9000"})
+
+
+def _records(events: list[AnyEvent]) -> list[Record]:
+    return [Record("batch-events", 0, i, wrap(e, event_id=f"e{i}", time_ms=i))
+            for i, e in enumerate(events)]
+
+
+REPORTS = (JobScheduled, JobsScheduled, JobStarted, JobCompleted, JobsCompleted, AttemptHeartbeat)
+
+
+def test_only_batches_of_execution_reports_linger() -> None:
+    events = samples.sample_events()
+    reports = [e for e in events if isinstance(e, REPORTS)]
+    others = [e for e in events if not isinstance(e, REPORTS)]
+    assert {type(e) for e in reports} == set(REPORTS)  # every kind of report is in the samples
+    assert lingers(_records(reports))
+    assert not lingers([])
+    submitted = next(e for e in others if isinstance(e, JobsSubmitted))
+    # One event a client waits for (read-your-writes) and the batch is applied at once.
+    assert not lingers(_records([*reports, submitted]))
+    for other in others:
+        assert not lingers(_records([reports[0], other])), type(other).__name__
+    # A full batch is big enough already.
+    assert not lingers(_records(reports[:1] * BATCH_SIZE))
