@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench import cpu
+from bench import cpu, remove_at_exit
 from bench.ingest_throughput import _stack, _submit
 from schemas.execution import JobCompleted, JobScheduled, JobsCompleted, JobsScheduled
 from services.common import procs
@@ -154,7 +154,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
         }
     finally:
         _stack(env, "down")
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_at_exit(tmp)
         engine = sa.create_engine(load_settings().db.url(database=False))
         with engine.begin() as conn:
             conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{db_name}`"))

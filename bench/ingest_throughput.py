@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from bench import cpu
+from bench import cpu, remove_at_exit
 from schemas.batch import BatchCancelled
 from schemas.execution import JobScheduled, JobsScheduled
 from services.audit.history import load_batch
@@ -162,7 +161,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         return out | {f"cancel_{k}_at_{n_jobs}_jobs": v for k, v in cancelled.items()} | spent
     finally:
         _stack(env, "down")
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_at_exit(tmp)
         engine = sa.create_engine(load_settings().db.url(database=False))
         with engine.begin() as conn:
             conn.execute(sa.text(f"DROP DATABASE IF EXISTS `{db_name}`"))
