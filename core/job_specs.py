@@ -335,8 +335,10 @@ def _parents(spec: dict[str, Any], job_id: int, start_job_id: int) -> list[int]:
             or "in_update_parent_ids" in spec):
         return []
     in_update_id = spec["job_id"]
-    absolute = [*spec.get("absolute_parent_ids", []), *spec.get("parent_ids", [])]
+    absolute = [*spec.get("absolute_parent_ids", ()), *spec.get("parent_ids", ())]
     in_update = spec.get("in_update_parent_ids", [])
+    if not absolute and not in_update:  # what the client sends for a job without parents
+        return []
     bad = [p for p in absolute if not 1 <= p < job_id]
     bad += [p for p in in_update if not 1 <= p < in_update_id]
     if bad:
@@ -345,8 +347,8 @@ def _parents(spec: dict[str, Any], job_id: int, start_job_id: int) -> list[int]:
             f"job of the batch"
         )
     parents = absolute + [resolve_in_update_id(p, start_job_id) for p in in_update]
-    duplicated = sorted(p for p, n in Counter(parents).items() if n > 1)
-    if duplicated:
+    if len(parents) > 1 and len(set(parents)) != len(parents):
+        duplicated = sorted(p for p, n in Counter(parents).items() if n > 1)
         raise BadRequest(
             f"bunch contains job with duplicated parents: job {job_id} names {duplicated} "
             f"more than once"

@@ -40,8 +40,8 @@ def expect_object(
     """Check that ``obj`` is a JSON object with only ``allowed`` keys and all ``required`` ones."""
     if not isinstance(obj, dict):
         raise BadRequest(f"{name} is not an object")
-    unknown = sorted(str(k) for k in obj if k not in allowed)
-    if unknown:
+    if not all(k in allowed for k in obj):
+        unknown = sorted(str(k) for k in obj if k not in allowed)
         raise BadRequest(f"unknown keys in {name}: {{{', '.join(map(repr, unknown))}}}")
     for key in required:
         if key not in obj:
