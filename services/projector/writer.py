@@ -24,6 +24,7 @@ from operator import itemgetter
 from typing import Any, cast
 
 import sqlalchemy as sa
+from pymysql.constants import SERVER_STATUS
 
 from core.projection.billing import Billed, accrue_into
 from core.projection.ops import (
@@ -82,9 +83,17 @@ class Literals:
 
     def __init__(self, raw: Any) -> None:
         self._escape: Callable[[object], str] = raw.escape
-        # PyMySQL's escape() of a str is this, quoted; it reads the session's
-        # NO_BACKSLASH_ESCAPES at each call, so the bound method stays right.
-        self._quote: Callable[[str], str] | None = getattr(raw, "_escape_string", None)
+        self._raw = raw
+        # PyMySQL's escape() of a str quotes what its _escape_string gives (it reads the
+        # session's NO_BACKSLASH_ESCAPES at each call): :meth:`_quote` does the same faster.
+        self._quotes = getattr(raw, "_escape_string", None) is not None and isinstance(
+            getattr(raw, "server_status", None), int)
+
+    def _quote(self, v: str) -> str:
+        """What PyMySQL's ``_escape_string`` gives ``v``, read the same way from the session."""
+        if self._raw.server_status & _NO_BACKSLASH_ESCAPES:
+            return v.replace("'", "''")
+        return escape_text(v)
 
     @classmethod
     def of(cls, conn: sa.Connection) -> Literals | None:
@@ -116,9 +125,28 @@ class Literals:
         t = type(v)
         if t is int:
             return str(v)
-        if t is str and self._quote is not None:
+        if t is str and self._quotes:
             return "'" + self._quote(cast(str, v)) + "'"
         return self._escape(v)
+
+
+_NO_BACKSLASH_ESCAPES = SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES
+
+_BACKSLASHED = (("\0", "\\0"), ("\n", "\\n"), ("\r", "\\r"), ("\x1a", "\\Z"),
+                ('"', '\\"'), ("'", "\\'"))
+
+
+def escape_text(v: str) -> str:
+    """``v`` escaped for a quoted MySQL string literal as PyMySQL's ``escape_string`` does it
+    (backslash escapes), without its per-character ``str.translate``: each special character
+    is looked for with ``in`` and replaced only when there. The projector escapes every status
+    document (a few hundred characters per job) this way; translate was 6.6% of its time."""
+    if "\\" in v:
+        v = v.replace("\\", "\\\\")  # first: the others add backslashes
+    for char, escaped in _BACKSLASHED:
+        if char in v:
+            v = v.replace(char, escaped)
+    return v
 
 
 def value_tuples(columns: Sequence[str], rows: Iterable[Row]) -> Iterator[tuple[object, ...]]:
