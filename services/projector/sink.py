@@ -45,9 +45,8 @@ class Sink:
         self.consumer = consumer
         self._max_cached_jobs = max_cached_jobs
         # What each partition's handlers keep between transactions (services/projector/
-        # state.py). A partition is applied by one thread at a time (its topic's agent, or one
-        # replay lane), so each cache is only ever used by one thread at once; agents of other
-        # topics apply in other threads meanwhile.
+        # state.py). A partition is applied by one thread at a time (the projector's agent, or
+        # one replay lane), so each cache is only ever used by one thread at once.
         self._caches: dict[tuple[str, int], PartitionCache] = {}
         self._generation = 0
         """Bumped by forget(); a cache from an older generation is dropped before use."""
