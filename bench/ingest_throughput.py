@@ -117,10 +117,26 @@ def _scheduling_stopped(env: dict[str, str], batch_id: int) -> dict[str, Any]:
             - cancel.envelope.time_ms}
 
 
+def client_alone(n: int, tmp: Path) -> dict[str, Any]:
+    """The same submission against a server that answers at once (bench/null_server.py):
+    what the official client alone needs, the floor under any server's figure."""
+    port = procs.free_port()
+    server = procs.spawn([sys.executable, "-m", "bench.null_server", str(port)],
+                         log_path=tmp / "null-server.log", cwd=REPO)
+    try:
+        procs.wait_for_port(port, timeout=30, proc=server, what="the null server")
+        return _submit(f"http://127.0.0.1:{port}", "none", n)
+    finally:
+        procs.terminate(server.pid)
+        server.wait()
+
+
 def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
     if not HAIL_PYTHON.exists():
         raise SystemExit("the official client is missing: run `make venv-hail`")
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-ingest-"))
+    # First, on the idle machine: the client's own ceiling for the same batch.
+    alone = client_alone(n_jobs, tmp)
     db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
     service_port = procs.free_port()
     env = {**os.environ, "HS_DATA_DIR": str(tmp),
@@ -150,6 +166,8 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "submit_seconds": round(big["seconds"], 2),
             "job_specs_per_s": round(n_jobs / big["seconds"]),
             "client_cpu_seconds": round(big["cpu_seconds"], 2),
+            "client_alone_seconds": round(alone["seconds"], 2),
+            "client_alone_cpu_seconds": round(alone["cpu_seconds"], 2),
             "submit_1000_seconds": round(small["seconds"], 2),
             "status_ms_at_1000_jobs": status_small,
             f"status_ms_at_{n_jobs}_jobs": status_big,

@@ -89,3 +89,17 @@ def test_the_official_clients_own_cpu_is_stated_and_scaled() -> None:
     assert not note(1_000_000, 20.4).startswith(";")
     assert "scaled" not in note(1_000_000, 20.4).split("own CPU")[1]
     assert "0.8 s for 100,000 jobs (8.0 s scaled to 1M)" in note(100_000, 0.8)
+
+
+def test_the_clients_ceiling_against_an_instant_server_is_stated_and_scaled() -> None:
+    def note(jobs: int, alone_s: float | None) -> str:
+        figures = {"submit_seconds": 60.0, "jobs": jobs}
+        if alone_s is not None:
+            figures["client_alone_seconds"] = alone_s
+        (submit,) = [a for a in assess({"ingest": figures})
+                     if a.figure.startswith("1,000,000-job submit")]
+        return submit.note
+    assert "against a server that answers at once: 15.7 s" in note(1_000_000, 15.7)
+    assert "scaled" not in note(1_000_000, 15.7)
+    assert "answers at once: 1.2 s (12.0 s scaled to 1M)" in note(100_000, 1.2)
+    assert "answers at once" not in note(1_000_000, None)
