@@ -35,8 +35,12 @@ _SEQ_INIT = sa.text("INSERT INTO id_sequences (name, next_value) VALUES (:n, :fi
                     "ON DUPLICATE KEY UPDATE name = name")
 _SEQ_LOCK = sa.text("SELECT next_value FROM id_sequences WHERE name = :n FOR UPDATE")
 _SEQ_BUMP = sa.text("UPDATE id_sequences SET next_value = next_value + :count WHERE name = :n")
-_APPLIED = sa.text("SELECT next_offset FROM applied_offsets WHERE consumer = :c AND topic = :t "
-                   "AND kafka_partition = :p")
+_APPLIED_ALL = sa.text("SELECT topic, kafka_partition, next_offset FROM applied_offsets "
+                       "WHERE consumer = :c")
+POLL_FIRST_S = 0.002
+"""Read-your-writes: the first poll after a wait starts or another ends."""
+POLL_MAX_S = 0.02
+"""... each poll that ends no wait waiting half again as long as the last, up to this."""
 # The attempt whose logs a job shows: the one the job row names (running, or the one that decided
 # its state), else the most recently started one, else one that never started.
 _LATEST_ATTEMPT = sa.text(
@@ -49,12 +53,24 @@ _VISIBLE = (
     "AND m.user = :user WHERE b.id = :b AND NOT b.deleted")
 
 
+@dataclass(eq=False)
+class _Waiter:
+    """A request waiting for the projector: the last offset it needs applied per partition."""
+
+    last: dict[tuple[str, int], int]
+    done: asyncio.Future[bool]
+
+
 class Store:
-    """Synchronous database access for ingest (handlers call it in a worker thread)."""
+    """Synchronous database access for ingest (handlers call it in a worker thread), and the
+    read-your-writes wait (on the event loop)."""
 
     def __init__(self, engine: sa.Engine, projector_consumer: str) -> None:
         self.engine = engine
         self.projector_consumer = projector_consumer
+        self._waiters: set[_Waiter] = set()
+        self._poller: asyncio.Task[None] | None = None
+        self._poll_conn: sa.Connection | None = None
 
     def rows(self, sql: sa.TextClause | str, **params: Any) -> Sequence[Any]:
         stmt = sa.text(sql) if isinstance(sql, str) else sql
@@ -80,30 +96,81 @@ class Store:
         return start
 
     # --- read-your-writes -------------------------------------------------------------------
-    def applied_offset(self, topic: str, partition: int) -> int:
-        row = self.one(_APPLIED, c=self.projector_consumer, t=topic, p=partition)
-        return -1 if row is None else int(row[0])
+    def applied_offsets(self) -> dict[tuple[str, int], int]:
+        """The next offset the projector will apply, per (topic, partition): one query.
+
+        Read on a connection the poller keeps while requests wait (no pool checkout and
+        liveness ping per poll); each read ends its transaction, so the next sees later
+        commits. A failed read drops the connection: the next poll opens a fresh one.
+        """
+        conn = self._poll_conn
+        if conn is None:
+            conn = self._poll_conn = self.engine.connect()
+        try:
+            rows = conn.execute(_APPLIED_ALL, {"c": self.projector_consumer}).all()
+            conn.rollback()
+        except Exception:
+            self._close_poll_conn()
+            raise
+        return {(str(t), int(p)): int(n) for t, p, n in rows}
+
+    def _close_poll_conn(self) -> None:
+        conn, self._poll_conn = self._poll_conn, None
+        if conn is not None:
+            conn.close()
 
     async def wait_applied(self, positions: Sequence[LogPosition], *,
                            timeout_s: float = 15.0) -> bool:
-        """Wait until the projector has applied every position (bounded); False on timeout."""
+        """Wait until the projector has applied every position (bounded); False on timeout.
+
+        Every waiting request shares one poller (one query per poll, however many wait); a
+        database error while polling fails every waiter with it.
+        """
         last: dict[tuple[str, int], int] = {}
         for p in positions:
             last[(p.topic, p.partition)] = max(last.get((p.topic, p.partition), -1), p.offset)
-        deadline = time.monotonic() + timeout_s
-        delay = 0.003
-        while last:
-            for key in list(last):
-                applied = await asyncio.to_thread(self.applied_offset, *key)
-                if applied > last[key]:
-                    del last[key]
-            if not last:
-                return True
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.02)
-        return True
+        if not last:
+            return True
+        waiter = _Waiter(last, asyncio.get_running_loop().create_future())
+        self._waiters.add(waiter)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+        try:
+            return await asyncio.wait_for(waiter.done, timeout_s)
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters.discard(waiter)
+
+    async def _poll(self) -> None:
+        """Poll while anyone waits: soon after a wait ends (the projector is applying), then
+        backing off; the connection is given back when nobody waits."""
+        try:
+            while True:
+                delay = POLL_FIRST_S
+                while True:
+                    await asyncio.sleep(delay)
+                    if not self._waiters:
+                        break
+                    try:
+                        applied = await asyncio.to_thread(self.applied_offsets)
+                    except Exception as e:
+                        for w in self._waiters:
+                            if not w.done.done():
+                                w.done.set_exception(e)
+                        continue
+                    reached = False
+                    for w in self._waiters:
+                        if not w.done.done() and all(applied.get(k, -1) > offset
+                                                     for k, offset in w.last.items()):
+                            w.done.set_result(True)
+                            reached = True
+                    delay = POLL_FIRST_S if reached else min(delay * 1.5, POLL_MAX_S)
+                await asyncio.to_thread(self._close_poll_conn)
+                if not self._waiters:  # none came while the connection was given back
+                    return
+        finally:
+            self._close_poll_conn()  # cancelled (shutdown): give it back here
 
     # --- operator switches ------------------------------------------------------------------
     def frozen(self) -> bool:
