@@ -201,7 +201,7 @@ def fold_jobs(event: JobsSubmitted, jobs: Sequence[JobRecord] | None = None) -> 
             "memory_bytes": r.memory_bytes, "storage_gib": r.storage_gib,
             "machine_type": r.machine_type, "preemptible": r.preemptible,
             "regions": None if r.regions is None else json.dumps(r.regions),
-            "inst_coll": j.inst_coll, "spec": j.spec})
+            "inst_coll": j.inst_coll})
         parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p} for p in j.parent_ids]
         attrs += [{"batch_id": b, "job_id": j.job_id, "attr_key": k, "attr_value": v}
                   for k, v in j.attributes.items()]

@@ -295,12 +295,12 @@ async def supported_regions(request: web.Request) -> web.Response:
 def create_app(store: Store, commands: Commands, billing_: Billing, *,
                logs: LogStore | None = None) -> web.Application:
     """The API over ``store`` (reads), ``commands`` and ``billing_`` (writes); job logs come
-    from ``logs`` (none without it)."""
+    from ``logs`` (none without it), job specs from the spec store ``commands`` writes."""
     app = web.Application(client_max_size=MAX_BODY,
                           middlewares=[request_metrics, errors, _auth(_TokenCache())])
     app[STORE] = store
     app[COMMANDS] = commands
-    app[READS] = Reads(store, logs)
+    app[READS] = Reads(store, logs, commands.specs)
     app[BILLING] = billing_
     b = "/api/v1alpha/batches"
     app.router.add_routes([

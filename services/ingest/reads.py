@@ -19,6 +19,7 @@ from core.errors import BadRequest, NotFound
 from core.query import parse_batch_query, parse_job_query
 from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
 from core.waiting import CANCELLED
+from services.common.specstore import SpecStore
 from services.ingest import query_sql
 from services.ingest.store import Store
 from services.worker.logstore import LogStore, valid_name
@@ -38,7 +39,7 @@ _GROUP_COST = ("SELECT r.resource, SUM(a.resource_usage), SUM(a.resource_usage *
                "ORDER BY r.resource")
 _JOB = (
     "SELECT j.batch_id, j.job_id, j.job_group_id, j.state, j.exit_code, j.always_run, "
-    "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.spec, j.status, "
+    "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.status, "
     "j.cancelled, b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
     "WHERE j.batch_id = :b AND j.job_id = :j AND u.committed")
@@ -113,10 +114,19 @@ def attempt_entry(r: Any) -> dict[str, Any]:
 class Reads:
     """The read side of the API for one store."""
 
-    def __init__(self, store: Store, logs: LogStore | None = None) -> None:
+    def __init__(self, store: Store, logs: LogStore | None = None,
+                 specs: SpecStore | None = None) -> None:
         self.store = store
         # None: no log storage is reachable, so no job shows a log.
         self.logs = logs
+        # None: no spec storage (ingest stores none either), so no job shows its spec.
+        self.specs = specs
+
+    def _spec(self, batch_id: int, job_id: int) -> dict[str, Any] | None:
+        """The job's spec as submitted, from the spec store (ingest wrote it there before the
+        job was on the log, so a visible job has one wherever specs are stored)."""
+        text = None if self.specs is None else self.specs.read(batch_id, job_id)
+        return None if text is None else dict(json.loads(text))
 
     def _batch_row(self, batch_id: int, user: str) -> Any:
         row = self.store.visible_batch(batch_id, user)
@@ -243,7 +253,7 @@ class Reads:
                      for c in self.store.rows(stmt, **params)]
         out = {**self._job_entry(r, cost_rows), "name": attrs.get("name"),
                "status": json.loads(r.status) if r.status else None,
-               "spec": json.loads(r.spec), "inst_coll": r.inst_coll,
+               "spec": self._spec(batch_id, job_id), "inst_coll": r.inst_coll,
                "waiting_reason": self._waiting_reason(r)}
         if attrs:
             out["attributes"] = attrs
@@ -282,11 +292,11 @@ class Reads:
         """The job's container logs (text) of its latest attempt: ``main``, plus ``input`` /
         ``output`` when the spec has files. A container without a log (the job has not run, or
         not that far) is null."""
-        job = self.job(batch_id, job_id, user)
+        spec = self.job(batch_id, job_id, user)["spec"] or {}
         containers = ["main"]
-        if job["spec"].get("input_files"):
+        if spec.get("input_files"):
             containers.append("input")
-        if job["spec"].get("output_files"):
+        if spec.get("output_files"):
             containers.append("output")
         attempt_id = self.store.latest_attempt_id(batch_id, job_id)
         out: dict[str, str | None] = {}

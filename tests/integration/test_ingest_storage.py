@@ -67,6 +67,17 @@ def mjs(j: int, a: str, t: int) -> JobStarted:
                       start_time_ms=T0 + t)
 
 
+SUBMITTED = [job(1), job(2), files_job(3), job(4)]
+
+
+@pytest.fixture(scope="module")
+def specs(tmp_path_factory: pytest.TempPathFactory) -> LocalSpecStore:
+    """The bunch's specs, stored as ingest stores them before publishing the bunch."""
+    specs = LocalSpecStore(tmp_path_factory.mktemp("specs"))
+    specs.write_bunch(1, [(j.job_id, j.spec) for j in SUBMITTED])
+    return specs
+
+
 @pytest.fixture(scope="module")
 def store(migrated_db: DatabaseSettings) -> Iterator[Store]:
     """Batch 1 of alice (project proj), projected by the sink:
@@ -84,7 +95,7 @@ def store(migrated_db: DatabaseSettings) -> Iterator[Store]:
         BillingProjectMemberAdded(billing_project="proj", user="alice")]))
     lost = {"instance_name": "w1", "reason": "preempted", "end_time_ms": T0 + 15}
     sink.apply(Stream().records([
-        *submission(1, 1, [job(1), job(2), files_job(3), job(4)], create=True, user="alice"),
+        *submission(1, 1, SUBMITTED, create=True, user="alice"),
         sj(1, "a1"), mjs(1, "a1", 10), AttemptLost(batch_id=1, job_id=1, attempt_id="a1", **lost),
         sj(1, "a2"), mjs(1, "a2", 20),
         JobCompleted(batch_id=1, job_id=1, attempt_id="a2", instance_name="w1",
@@ -107,14 +118,24 @@ def logs(tmp_path: Path) -> LocalLogStore:
     return logs
 
 
-def test_the_log_is_the_latest_attempts(store: Store, logs: LocalLogStore) -> None:
-    reads = Reads(store, logs)
+def test_the_job_spec_comes_from_the_spec_store(store: Store, specs: LocalSpecStore) -> None:
+    got = Reads(store, specs=specs).job(1, 3, "alice")["spec"]
+    assert got == json.loads(files_job(3).spec)
+    assert got["input_files"] == [{"from": "gs://b/x", "to": "/io/x"}]
+    # No spec storage (ingest stores none either): the job shows no spec, and is still read.
+    without = Reads(store).job(1, 3, "alice")
+    assert without["spec"] is None and without["state"] == "Running"
+
+
+def test_the_log_is_the_latest_attempts(store: Store, logs: LocalLogStore,
+                                        specs: LocalSpecStore) -> None:
+    reads = Reads(store, logs, specs)
     assert reads.log(1, 1, "alice") == {"main": "second try\n"}
     assert reads.log(1, 2, "alice") == {"main": None}  # never ran
     assert reads.log(1, 3, "alice") == {"main": "still running\n", "input": None}
     assert reads.log(1, 4, "alice") == {"main": "lost one\n"}  # the last attempt that started
     # Without log storage, no job shows a log.
-    assert Reads(store).log(1, 1, "alice") == {"main": None}
+    assert Reads(store, specs=specs).log(1, 1, "alice") == {"main": None}
     with pytest.raises(NotFound):
         reads.log(1, 1, "eve")
 

@@ -35,8 +35,8 @@ def store(migrated_db: DatabaseSettings) -> Iterator[Store]:
         f"end_time_ms) VALUES (1, 1, 'a', 'w1', {NOW - 2 * MIN}, NULL), "
         f"(1, 2, 'b', 'w1', {NOW - 10 * MIN}, {NOW - 1 * MIN}), "
         f"(1, 3, 'c', 'w2', {NOW - 30 * MIN}, {NOW - 20 * MIN}), (1, 4, 'd', 'w2', NULL, NULL)",
-        "INSERT INTO jobs (batch_id, job_id, update_id, job_group_id, cores_mcpu, inst_coll, "
-        "spec) VALUES (1, 1, 1, 0, 2000, 'standard', '{}'), (1, 2, 1, 0, 1000, 'standard', '{}')",
+        "INSERT INTO jobs (batch_id, job_id, update_id, job_group_id, cores_mcpu, inst_coll) "
+        "VALUES (1, 1, 1, 0, 2000, 'standard'), (1, 2, 1, 0, 1000, 'standard')",
         "INSERT INTO batches (id, user, billing_project, token, time_created_ms) VALUES "
         "(1, 'ann', 'p', 't1', 0), (2, 'bob', 'q', 't2', 0)",
         # tokenized counters: two tokens per (user, pool)

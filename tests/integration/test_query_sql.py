@@ -40,7 +40,7 @@ def _job(batch_id: int, job_id: int, group: int = 0, state: str = "Success", *,
     # Update 1 of every batch is committed, update 2 is not (see UPDATES).
     return {"batch_id": batch_id, "job_id": job_id, "update_id": 1 if committed else 2,
             "job_group_id": group, "state": state, "cores_mcpu": 1000, "inst_coll": inst_coll,
-            "exit_code": exit_code, "spec": "{}"}
+            "exit_code": exit_code}
 
 
 BATCHES = [
