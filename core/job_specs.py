@@ -224,10 +224,19 @@ def check_job_spec(name: str, obj: Any, *, is_developer: bool = False) -> dict[s
 
     """
     spec = expect_object(name, obj, allowed=_FIELDS.keys(), required=("job_id", "process"))
-    spec = {k: v for k, v in spec.items() if v is not None or k in ("job_id", "process")}
-    for key, check in _FIELDS.items():
-        if key in spec:
-            check(f"{name}.{key}", spec[key])
+    if None in spec.values():
+        spec = {k: v for k, v in spec.items() if v is not None or k in ("job_id", "process")}
+    try:
+        # The keys the spec has, in its order (a spec has a few of the many known keys) ...
+        for key, value in spec.items():
+            _FIELDS[key](f"{name}.{key}", value)
+    except BadRequest:
+        # ... and, when one is wrong, the first error in the checks' own order, so that a
+        # spec with several faults gets the same message whatever its key order.
+        for key, check in _FIELDS.items():
+            if key in spec:
+                check(f"{name}.{key}", spec[key])
+        raise
     if "absolute_job_group_id" in spec and "in_update_job_group_id" in spec:
         raise BadRequest(
             f"{name} must not have both absolute_job_group_id and in_update_job_group_id"

@@ -84,11 +84,15 @@ def expect_list(name: str, value: Any) -> list[Any]:
 
 def expect_str_list(name: str, value: Any) -> list[str]:
     """Check that ``value`` is an array of strings."""
+    if type(value) is list and all(type(v) is str for v in value):
+        return value  # the usual case, without naming each element
     return [expect_str(f"{name}[{i}]", v) for i, v in enumerate(expect_list(name, value))]
 
 
 def expect_int_list(name: str, value: Any) -> list[int]:
     """Check that ``value`` is an array of integers."""
+    if type(value) is list and all(type(v) is int for v in value):
+        return value  # the usual case (bool is not int here), without naming each element
     return [expect_int(f"{name}[{i}]", v) for i, v in enumerate(expect_list(name, value))]
 
 

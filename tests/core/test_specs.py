@@ -492,6 +492,31 @@ def mutated_client_bunch(draw: st.DrawFn) -> list[Any]:
     return bunch
 
 
+def _outcome(objs: Any) -> str:
+    """The records (their spec text aside: it is the JSON as sent, keys in order), or the error."""
+    try:
+        return repr([msgspec.structs.replace(r, spec="") for r in jobs(objs)])
+    except DomainError as e:
+        return f"{type(e).__name__}: {e}"
+
+
+@given(bunch=mutated_client_bunch(), data=st.data())
+def test_the_key_order_of_a_spec_does_not_change_its_outcome(bunch: list[Any],
+                                                           data: st.DataObject) -> None:
+    """Checks run in the spec's key order and fall back to their own order on an error: a
+    spec with several faults gets the same message whatever order its keys come in."""
+    shuffled = [dict(data.draw(st.permutations(list(spec.items())))) if isinstance(spec, dict)
+                else spec for spec in bunch]
+    assert _outcome(shuffled) == _outcome(bunch)
+
+
+def test_of_two_faults_the_first_in_check_order_is_reported() -> None:
+    faults = {"always_run": "yes", "attributes": [1]}  # always_run is checked first
+    for spec in (job(**faults), job(**dict(reversed(list(faults.items()))))):
+        with pytest.raises(BadRequest, match=re.escape("jobs[0].always_run is not a boolean")):
+            jobs([spec])
+
+
 @given(objs=json_values | st.lists(json_values, max_size=3) | mutated_client_bunch(),
        developer=st.booleans())
 def test_job_records_only_raise_domain_errors(objs: Any, developer: bool) -> None:
