@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from core.job_state import is_complete
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED, USER_RESOURCES
@@ -108,9 +109,11 @@ def start_of(parent_ids: Sequence[int]) -> tuple[JobState, int]:
     return ("Ready", 0) if not parent_ids else ("Pending", len(parent_ids))
 
 
-@dataclass(frozen=True)
-class StagedJob:
-    """A newly projected job of a bunch: what staging needs of it."""
+class StagedJob(NamedTuple):
+    """A newly projected job of a bunch: what staging needs of it.
+
+    A tuple: :func:`stage_jobs` counts a bunch's jobs by equal value (they are mostly alike).
+    """
 
     job_group_id: int
     inst_coll: str
@@ -122,12 +125,13 @@ class StagedJob:
 def stage_jobs(batch_id: int, update_id: int, jobs: Iterable[StagedJob]) -> list[Increment]:
     """The staged counts of newly projected jobs of an update (see the module docstring)."""
     acc = Increments()
-    for j in jobs:
-        deltas = {"n_jobs": 1}
+    for j, n in Counter(jobs).items():
+        deltas = {"n_jobs": n}
         if not j.n_parents:
-            deltas |= {"n_ready": 1, "ready_cores_mcpu": j.cores_mcpu}
+            deltas |= {"n_ready": n, "ready_cores_mcpu": n * j.cores_mcpu}
             if j.always_run:
-                deltas |= {"n_ready_always_run": 1, "ready_always_run_cores_mcpu": j.cores_mcpu}
+                deltas |= {"n_ready_always_run": n,
+                           "ready_always_run_cores_mcpu": n * j.cores_mcpu}
         acc.add(Increment(STAGED, {"batch_id": batch_id, "update_id": update_id,
                                    "job_group_id": j.job_group_id, "inst_coll": j.inst_coll},
                           deltas))
