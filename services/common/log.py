@@ -192,6 +192,10 @@ class Publisher:
         (position,) = await self.publish_many([event], partition=partition)
         return position
 
+    async def ends(self, topics: Iterable[str]) -> dict[tuple[str, int], int]:
+        """The end offset (high watermark) of each partition of the logical ``topics``."""
+        return await high_watermarks(self._settings, topics)
+
     async def publish_many(self, events: Sequence[AnyEvent | Envelope], *,
                            partition: int | None = None) -> list[LogPosition]:
         """Append events in order, letting the producer batch them; wait for all acks.

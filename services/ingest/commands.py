@@ -44,7 +44,8 @@ from schemas.batch import (
     UpdateOpened,
 )
 from schemas.events import AnyEvent
-from services.common.log import Publisher
+from schemas.topics import BATCH
+from services.common.log import LogPosition, Publisher
 from services.common.specstore import SpecStore
 from services.ingest import metrics as ingest_metrics
 from services.ingest.store import Store, User
@@ -356,6 +357,8 @@ class Commands:
         await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
         n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
+        if (n_jobs, n_groups) != (u.n_jobs, u.n_job_groups):
+            n_jobs, n_groups = await self._counts_once_projected(batch_id, update_id)
         if n_groups != u.n_job_groups:
             raise BadRequest(f"wrong number of job groups: expected {u.n_job_groups}, "
                              f"actual {n_groups}")
@@ -364,6 +367,25 @@ class Commands:
         await self._append([UpdateCommitted(batch_id=batch_id, update_id=update_id,
                                             n_jobs=n_jobs, n_job_groups=n_groups)])
         return {"start_job_id": u.start_job_id, "start_job_group_id": u.start_job_group_id}
+
+    async def _counts_once_projected(self, batch_id: int, update_id: int) -> tuple[int, int]:
+        """The update's job and group counts once the projector applied all the log holds.
+
+        A bunch request waits for the projector at most ``wait_s``: counts short of the
+        update's may only mean that some accepted bunch is not applied yet. That is told apart
+        from a client that sent too few by waiting (bounded) for the projector to reach the
+        end of every partition of the batch topic; when it cannot in time, the commit is
+        refused with a 503 (a retryable error: the client's retry finds the counts complete).
+        """
+        ends = await self.publisher.ends([BATCH])
+        caught_up = await self.store.wait_applied(
+            [LogPosition(topic, partition, end - 1)
+             for (topic, partition), end in ends.items() if end > 0], timeout_s=self.wait_s)
+        if not caught_up:
+            raise Unavailable(f"update {update_id} of batch {batch_id} is not fully projected "
+                              "yet: try the commit again")
+        counts: tuple[int, int] = await self._db(self.store.update_counts, batch_id, update_id)
+        return counts
 
     # --- cancellation and deletion ----------------------------------------------------------
     async def cancel_batch(self, batch_id: int, user: User) -> None:
