@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,6 +54,10 @@ from services.ingest.store import Store, User
 log = logging.getLogger(__name__)
 
 CANCELLED_BATCH = "Cannot submit new jobs or job groups to a cancelled batch"
+BUNCH_SLACK = 8
+"""How many records of its partition the projector may still be short of a job bunch when the
+bunch request is answered (the official client keeps six bunches in flight)."""
+_BUNCH_ENDS_KEPT = 10_000
 
 
 class Commands:
@@ -67,6 +72,8 @@ class Commands:
         # None stores no specs (tests of the API alone): workers then need them inline.
         self.specs = specs
         self._frozen_at: tuple[float, bool] = (-1e9, False)
+        # The last job bunch this process appended per batch (most recent batches only).
+        self._bunch_ends: OrderedDict[int, LogPosition] = OrderedDict()
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -83,10 +90,11 @@ class Commands:
             raise Unavailable(f"could not store the job specs: {type(e).__name__}: {e}; "
                               "try again") from e
 
-    async def _append(self, events: Sequence[AnyEvent]) -> None:
+    async def _append(self, events: Sequence[AnyEvent], *, slack: int = 0) -> list[LogPosition]:
         positions = await self.publisher.publish_many(list(events))
         ingest_metrics.appended(len(positions))
-        await self.store.wait_applied(positions, timeout_s=self.wait_s)
+        await self.store.wait_applied(positions, timeout_s=self.wait_s, slack=slack)
+        return positions
 
     # --- checks ---------------------------------------------------------------------------
     async def _check_not_frozen(self) -> None:
@@ -350,13 +358,26 @@ class Commands:
             is_developer=user.is_developer, batch_id=batch_id))
         if records:
             await self._store_specs(batch_id, records)
-            await self._append([JobsSubmitted(batch_id=batch_id, update_id=update_id,
-                                              jobs=records)])
+            # Nothing reads an uncommitted update's jobs, and the commit waits for them all:
+            # the answer need not wait until the projector applied this bunch, only until it
+            # is at most BUNCH_SLACK records short of it (the log is the backlog's bound).
+            (position,) = await self._append(
+                [JobsSubmitted(batch_id=batch_id, update_id=update_id, jobs=records)],
+                slack=BUNCH_SLACK)
+            self._bunch_ends[batch_id] = position
+            self._bunch_ends.move_to_end(batch_id)
+            while len(self._bunch_ends) > _BUNCH_ENDS_KEPT:
+                self._bunch_ends.popitem(last=False)
 
     async def commit(self, batch_id: int, update_id: int, user: User) -> dict[str, Any]:
         await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
         n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
+        if (n_jobs, n_groups) != (u.n_jobs, u.n_job_groups):
+            own = self._bunch_ends.get(batch_id)
+            if own is not None:  # this process appended bunches: wait for those first
+                await self.store.wait_applied([own], timeout_s=self.wait_s)
+                n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
         if (n_jobs, n_groups) != (u.n_jobs, u.n_job_groups):
             n_jobs, n_groups = await self._counts_once_projected(batch_id, update_id)
         if n_groups != u.n_job_groups:
@@ -371,7 +392,8 @@ class Commands:
     async def _counts_once_projected(self, batch_id: int, update_id: int) -> tuple[int, int]:
         """The update's job and group counts once the projector applied all the log holds.
 
-        A bunch request waits for the projector at most ``wait_s``: counts short of the
+        A job bunch's request is answered once the projector is at most ``BUNCH_SLACK``
+        records short of it, and any request after at most ``wait_s``: counts short of the
         update's may only mean that some accepted bunch is not applied yet. That is told apart
         from a client that sent too few by waiting (bounded) for the projector to reach the
         end of every partition of the batch topic; when it cannot in time, the commit is

@@ -120,15 +120,18 @@ class Store:
             conn.close()
 
     async def wait_applied(self, positions: Sequence[LogPosition], *,
-                           timeout_s: float = 15.0) -> bool:
+                           timeout_s: float = 15.0, slack: int = 0) -> bool:
         """Wait until the projector has applied every position (bounded); False on timeout.
 
+        With ``slack``, until it is at most that many records of each partition short of them.
         Every waiting request shares one poller (one query per poll, however many wait); a
         database error while polling fails every waiter with it.
         """
         last: dict[tuple[str, int], int] = {}
         for p in positions:
-            last[(p.topic, p.partition)] = max(last.get((p.topic, p.partition), -1), p.offset)
+            last[(p.topic, p.partition)] = max(last.get((p.topic, p.partition), -1),
+                                               p.offset - slack)
+        last = {k: v for k, v in last.items() if v >= 0}
         if not last:
             return True
         waiter = _Waiter(last, asyncio.get_running_loop().create_future())

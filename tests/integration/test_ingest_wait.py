@@ -103,3 +103,15 @@ async def test_a_database_error_fails_every_waiter(migrated_db: DatabaseSettings
         assert "hs_no_such_database" in str(results[0])
     finally:
         missing.dispose()
+
+
+async def test_with_slack_a_wait_ends_that_many_records_short(engine: sa.Engine) -> None:
+    store = Store(engine, CONSUMER)
+    await asyncio.to_thread(_apply, engine, "batch", 1, 7)  # offsets 0..6 applied
+    # offset 10, slack 3: ends once the projector is at most 3 records short of it
+    assert await store.wait_applied([LogPosition("batch", 1, 10)], timeout_s=0.3,
+                                    slack=3) is False
+    await asyncio.to_thread(_apply, engine, "batch", 1, 8)  # 7 applied: 3 short of 10
+    assert await store.wait_applied([LogPosition("batch", 1, 10)], timeout_s=5, slack=3)
+    # a slack beyond the offset: nothing to wait for, not even a first poll
+    assert await store.wait_applied([LogPosition("control", 0, 2)], timeout_s=0.01, slack=3)
