@@ -170,9 +170,13 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
         positions = await asyncio.to_thread(sink.store.load, sink.consumer,
                                             list(PROJECTED_TOPICS))
         for tp in assigned:
-            position = positions.get((logical.get(tp.topic, ""), tp.partition))
-            if position is not None:
-                await app.consumer.seek(tp, position)
+            if tp.topic not in logical:
+                continue
+            # A partition with no stored position has had nothing applied: it is read from
+            # its start, never from the group's committed offset, which faust may have moved
+            # past records it took but the projector never applied (a record that stopped
+            # it, say).
+            await app.consumer.seek(tp, positions.get((logical[tp.topic], tp.partition), 0))
         log.info("projector assigned %s", sorted((tp.topic, tp.partition) for tp in assigned))
 
     app.on_partitions_assigned.connect(seek_to_stored)
