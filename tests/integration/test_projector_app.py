@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.structs import OffsetAndMetadata, TopicPartition
 
 from schemas.topics import BATCH
 from services.common.log import Publisher, bootstrap_topics
-from services.common.settings import DatabaseSettings, LogSettings
+from services.common.settings import DatabaseSettings, LogSettings, projector_consumer
 
 from .projection_helpers import job, query, submission
 
@@ -120,4 +121,34 @@ async def test_a_record_it_cannot_apply_stops_the_projector_before_anything_afte
         assert query(engine, MINE) == [(101,)]
     finally:
         await producer.stop()
+        engine.dispose()
+
+
+async def test_a_partition_with_nothing_applied_is_read_from_its_start(
+        projector: Projector, log_settings: LogSettings, migrated_db: DatabaseSettings) -> None:
+    """Not from the consumer group's committed offset: faust commits past every record it
+    took, applied or not (a record that stopped the projector, say). The group's offset is set
+    past a batch here, as such a commit would leave it; the projection has no offset stored for
+    that partition, so the projector must read it from offset 0 and project the batch."""
+    await bootstrap_topics(log_settings)
+    engine = sa.create_engine(migrated_db.url())
+    async with Publisher(log_settings) as pub:
+        positions = await pub.publish_many(submission(301, 1, [job(1)], create=True))
+    (partition,) = {p.partition for p in positions}
+    topic = log_settings.topic(BATCH)
+    group = AIOKafkaConsumer(bootstrap_servers=log_settings.bootstrap_servers,
+                             group_id=projector_consumer(log_settings),
+                             enable_auto_commit=False)
+    await group.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        group.assign([tp])
+        await group.commit({tp: OffsetAndMetadata(max(p.offset for p in positions) + 1, "")})
+        assert await group.committed(tp) == max(p.offset for p in positions) + 1
+    finally:
+        await group.stop()
+    try:
+        projector.start()
+        wait_for(engine, "SELECT id, state FROM batches WHERE id = 301", [(301, "running")])
+    finally:
         engine.dispose()
