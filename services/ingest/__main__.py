@@ -8,6 +8,9 @@ A write answers once the projector has applied it (read-your-writes), or after
 ``HS_INGEST_WAIT_S`` seconds (default 4) with the event safely on the log. The bound stays
 under the official client's default request timeout (5 s): past it, hailtop retries, and a
 retried commit of an update the first request committed is a 400 ("already committed").
+A job bunch answers once the projector is at most ``HS_INGEST_BUNCH_SLACK`` records (default
+512) short of it, and the commit of an update whose jobs all came through this process once it
+is on the log: a read of that batch waits (same bound) for the projector instead.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from services.common.settings import load_settings, log_root, projector_consumer
 from services.common.storage import open_log_store, open_spec_store
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
-from services.ingest.commands import Commands
+from services.ingest.commands import BUNCH_SLACK, Commands
 from services.ingest.store import Store
 
 
@@ -40,8 +43,9 @@ async def serve(host: str, port: int) -> None:
     try:
         async with Publisher(settings.log) as publisher:
             wait_s = float(os.environ.get("HS_INGEST_WAIT_S", "4"))
+            slack = int(os.environ.get("HS_INGEST_BUNCH_SLACK", str(BUNCH_SLACK)))
             commands = Commands(store, publisher, default_config(), wait_s=wait_s,
-                                specs=open_spec_store(spec_root(settings)))
+                                specs=open_spec_store(spec_root(settings)), bunch_slack=slack)
             app = create_app(store, commands, Billing(store, publisher, wait_s=wait_s),
                              logs=open_log_store(log_root(settings)))
             runner = web.AppRunner(app, access_log=None)

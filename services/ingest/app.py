@@ -170,6 +170,8 @@ async def delete_batch(request: web.Request) -> web.Response:
 
 # --- reads -----------------------------------------------------------------------------------
 async def _read(request: web.Request, fn: Callable[..., Any], *args: Any) -> web.Response:
+    if "batch_id" in request.match_info:  # read-your-writes for writes answered early
+        await request.app[COMMANDS].settle(_int(request, "batch_id"), request[USER].name)
     return _json(await asyncio.to_thread(fn, *args))
 
 
@@ -183,6 +185,7 @@ def _version(request: web.Request) -> int:
 
 
 async def list_batches(request: web.Request) -> web.Response:
+    await request.app[COMMANDS].settle(None, request[USER].name)
     return await _read(request, request.app[READS].batches, request[USER].name,
                        request.query.get("q"), _version(request),
                        _query_int(request, "last_batch_id"))

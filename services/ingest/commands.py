@@ -4,6 +4,12 @@ A command never touches projection tables. It reads them to validate (after read
 they reflect every write this client saw acknowledged), appends events for one batch in one
 ordered publish (one partition key), then waits, bounded, until the projector applied them.
 
+Job bunches and the commit of an update whose every job this process appended are the
+exceptions: they are answered once the log holds them (a bunch, while the projector is less than
+``bunch_slack`` records short of it), so a big submission is not paced by the projection. Their
+positions are kept as *unsettled*, and a read of that batch first waits, bounded, until the
+projector applied them: the client still reads its writes (:meth:`Commands.settle`).
+
 The specs of a ``JobsSubmitted`` bunch go to the :class:`SpecStore` before the event is
 published (a worker may be handed the job as soon as the event is read); if they cannot be
 stored the request fails with a 503 and nothing is published.
@@ -20,6 +26,7 @@ from typing import Any
 
 from core.billing import cost_str, over_limit
 from core.errors import BadRequest, Forbidden, NotFound, Unavailable
+from core.id_tally import IdTally
 from core.job_specs import job_records
 from core.resources import InstCollConfig
 from core.specs import (
@@ -54,26 +61,34 @@ from services.ingest.store import Store, User
 log = logging.getLogger(__name__)
 
 CANCELLED_BATCH = "Cannot submit new jobs or job groups to a cancelled batch"
-BUNCH_SLACK = 8
+BUNCH_SLACK = 512
 """How many records of its partition the projector may still be short of a job bunch when the
-bunch request is answered (the official client keeps six bunches in flight)."""
-_BUNCH_ENDS_KEPT = 10_000
+bunch request is answered: the bound on how far the projection of big submissions lags (512
+bunches of the official client's 1,024 jobs: about ten seconds of projector work here)."""
+_UNSETTLED_KEPT = 10_000
+_TALLIES_KEPT = 1_000
 
 
 class Commands:
     """The write side of the API."""
 
     def __init__(self, store: Store, publisher: Publisher, config: InstCollConfig,
-                 *, wait_s: float = 15.0, specs: SpecStore | None = None) -> None:
+                 *, wait_s: float = 15.0, specs: SpecStore | None = None,
+                 bunch_slack: int = BUNCH_SLACK) -> None:
         self.store = store
         self.publisher = publisher
         self.config = config
         self.wait_s = wait_s
         # None stores no specs (tests of the API alone): workers then need them inline.
         self.specs = specs
+        self.bunch_slack = bunch_slack
         self._frozen_at: tuple[float, bool] = (-1e9, False)
-        # The last job bunch this process appended per batch (most recent batches only).
-        self._bunch_ends: OrderedDict[int, LogPosition] = OrderedDict()
+        # Per batch (most recent only): its user and the last position this process appended
+        # and answered before the projector applied it.
+        self._unsettled: OrderedDict[int, tuple[str, LogPosition]] = OrderedDict()
+        # Per open update (most recent only): the ids of its jobs this process appended; None
+        # once this process committed the update.
+        self._tallies: OrderedDict[tuple[int, int], IdTally | None] = OrderedDict()
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -90,11 +105,37 @@ class Commands:
             raise Unavailable(f"could not store the job specs: {type(e).__name__}: {e}; "
                               "try again") from e
 
-    async def _append(self, events: Sequence[AnyEvent], *, slack: int = 0) -> list[LogPosition]:
+    async def _append(self, events: Sequence[AnyEvent], *, slack: int = 0,
+                      unsettled: tuple[int, str] | None = None) -> list[LogPosition]:
+        """Publish ``events`` in order, then wait (bounded) until the projector is at most
+        ``slack`` records short of them. With ``unsettled`` (batch id, user), an answer given
+        before they were applied is remembered for the reads of that batch to wait on."""
         positions = await self.publisher.publish_many(list(events))
         ingest_metrics.appended(len(positions))
-        await self.store.wait_applied(positions, timeout_s=self.wait_s, slack=slack)
+        applied = await self.store.wait_applied(positions, timeout_s=self.wait_s, slack=slack)
+        if unsettled is not None and (slack or not applied):
+            batch_id, user = unsettled
+            self._unsettled[batch_id] = (user, positions[-1])
+            self._unsettled.move_to_end(batch_id)
+            while len(self._unsettled) > _UNSETTLED_KEPT:
+                self._unsettled.popitem(last=False)
         return positions
+
+    async def settle(self, batch_id: int | None, user: str) -> None:
+        """Read-your-writes for writes answered early: wait, bounded, until the projector
+        applied what this process appended to the batch (to every batch of ``user`` when
+        ``batch_id`` is None) and answered before it was applied."""
+        if batch_id is not None:
+            entry = self._unsettled.get(batch_id)
+            pending = [] if entry is None else [(batch_id, entry[1])]
+        else:
+            pending = [(b, p) for b, (u, p) in self._unsettled.items() if u == user]
+        if not pending:
+            return
+        if await self.store.wait_applied([p for _, p in pending], timeout_s=self.wait_s):
+            for b, p in pending:
+                if self._unsettled.get(b, (None, None))[1] == p:
+                    del self._unsettled[b]
 
     # --- checks ---------------------------------------------------------------------------
     async def _check_not_frozen(self) -> None:
@@ -136,7 +177,8 @@ class Commands:
         update = await self._db(self.store.update, batch_id, update_id)
         if update is None:
             raise NotFound(f"update {update_id} of batch {batch_id} not found")
-        if update.committed:
+        # The second test: committed by this process, maybe not projected yet.
+        if update.committed or self._tallies.get((batch_id, update_id), 0) is None:
             raise BadRequest(f"update {update_id} is already committed")
         return update
 
@@ -233,7 +275,7 @@ class Commands:
                                        start_job_id=start_job, start_job_group_id=start_group))
             out |= {"update_id": update_id, "start_job_group_id": start_group,
                     "start_job_id": start_job}
-        await self._append(events)
+        await self._append(events, unsettled=(batch_id, user.name))
         winner = await self._db(self.store.batch_id_by_token, user.name, spec.token)
         if winner is not None and winner != batch_id:  # a concurrent create with this token won
             return await self.create_batch(body, user)
@@ -267,7 +309,7 @@ class Commands:
                                                  update.start_job_group_id)
         events += await self._bunch_events(batch_id, update_id, groups, jobs, start_job,
                                            spec.n_jobs, start_group, spec.n_job_groups, user)
-        await self._append(events)
+        await self._append(events, unsettled=(batch_id, user.name))
         return {"id": batch_id, "start_job_group_id": start_group, "start_job_id": start_job}
 
     async def _bunch_events(self, batch_id: int, update_id: int, groups: Any, jobs: Any,
@@ -315,7 +357,7 @@ class Commands:
         events += await self._bunch_events(batch_id, update_id, groups, jobs, start_job,
                                            update_spec.n_jobs, start_group,
                                            update_spec.n_job_groups, user)
-        await self._append(events)
+        await self._append(events, unsettled=(batch_id, user.name))
         return {"update_id": update_id, "start_job_id": start_job,
                 "start_job_group_id": start_group}
 
@@ -331,7 +373,7 @@ class Commands:
             await self._append([UpdateOpened(
                 batch_id=batch_id, update_id=update_id, token=spec.token, n_jobs=spec.n_jobs,
                 n_job_groups=spec.n_job_groups, start_job_id=start_job,
-                start_job_group_id=start_group)])
+                start_job_group_id=start_group)], unsettled=(batch_id, user.name))
         else:
             update_id, start_job, start_group = (update.update_id, update.start_job_id,
                                                  update.start_job_group_id)
@@ -346,7 +388,8 @@ class Commands:
             depth_of=self._depth_of(batch_id)))
         if records:
             await self._append([JobGroupsSubmitted(batch_id=batch_id, update_id=update_id,
-                                                   job_groups=records)])
+                                                   job_groups=records)],
+                               unsettled=(batch_id, user.name))
 
     async def submit_jobs(self, batch_id: int, update_id: int, body: Any, user: User) -> None:
         await self._check_not_frozen()
@@ -358,25 +401,36 @@ class Commands:
             is_developer=user.is_developer, batch_id=batch_id))
         if records:
             await self._store_specs(batch_id, records)
-            # Nothing reads an uncommitted update's jobs, and the commit waits for them all:
-            # the answer need not wait until the projector applied this bunch, only until it
-            # is at most BUNCH_SLACK records short of it (the log is the backlog's bound).
-            (position,) = await self._append(
+            # Nothing reads an uncommitted update's jobs: the answer need not wait until the
+            # projector applied this bunch, only until it is at most bunch_slack records short
+            # of it. The commit knows the bunch is in the log from the tally.
+            await self._append(
                 [JobsSubmitted(batch_id=batch_id, update_id=update_id, jobs=records)],
-                slack=BUNCH_SLACK)
-            self._bunch_ends[batch_id] = position
-            self._bunch_ends.move_to_end(batch_id)
-            while len(self._bunch_ends) > _BUNCH_ENDS_KEPT:
-                self._bunch_ends.popitem(last=False)
+                slack=self.bunch_slack, unsettled=(batch_id, user.name))
+            key = (batch_id, update_id)
+            tally = self._tallies.get(key)
+            if key not in self._tallies:
+                tally = self._tallies[key] = IdTally(u.start_job_id, u.n_jobs)
+                while len(self._tallies) > _TALLIES_KEPT:
+                    self._tallies.popitem(last=False)
+            if tally is not None:
+                tally.add(r.job_id for r in records)
 
     async def commit(self, batch_id: int, update_id: int, user: User) -> dict[str, Any]:
         await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
+        key = (batch_id, update_id)
+        tally = self._tallies.get(key)
         n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
+        # Groups are answered once applied, so the projection's group count is complete; the
+        # jobs are, without waiting for the projector, when this process appended them all.
+        early = tally is not None and tally.complete and n_groups == u.n_job_groups
+        if early:
+            n_jobs = u.n_jobs
         if (n_jobs, n_groups) != (u.n_jobs, u.n_job_groups):
-            own = self._bunch_ends.get(batch_id)
+            own = self._unsettled.get(batch_id)
             if own is not None:  # this process appended bunches: wait for those first
-                await self.store.wait_applied([own], timeout_s=self.wait_s)
+                await self.store.wait_applied([own[1]], timeout_s=self.wait_s)
                 n_jobs, n_groups = await self._db(self.store.update_counts, batch_id, update_id)
         if (n_jobs, n_groups) != (u.n_jobs, u.n_job_groups):
             n_jobs, n_groups = await self._counts_once_projected(batch_id, update_id)
@@ -385,14 +439,23 @@ class Commands:
                              f"actual {n_groups}")
         if n_jobs != u.n_jobs:
             raise BadRequest(f"wrong number of jobs: expected {u.n_jobs}, actual {n_jobs}")
-        await self._append([UpdateCommitted(batch_id=batch_id, update_id=update_id,
-                                            n_jobs=n_jobs, n_job_groups=n_groups)])
+        if early:
+            # Every bunch is in the log before this commit (same partition): the projector
+            # finds them all. The answer waits only for the append; reads settle.
+            await self._append([UpdateCommitted(batch_id=batch_id, update_id=update_id,
+                                                n_jobs=n_jobs, n_job_groups=n_groups)],
+                               slack=self.bunch_slack, unsettled=(batch_id, user.name))
+            self._tallies[key] = None
+        else:
+            await self._append([UpdateCommitted(batch_id=batch_id, update_id=update_id,
+                                                n_jobs=n_jobs, n_job_groups=n_groups)],
+                               unsettled=(batch_id, user.name))
         return {"start_job_id": u.start_job_id, "start_job_group_id": u.start_job_group_id}
 
     async def _counts_once_projected(self, batch_id: int, update_id: int) -> tuple[int, int]:
         """The update's job and group counts once the projector applied all the log holds.
 
-        A job bunch's request is answered once the projector is at most ``BUNCH_SLACK``
+        A job bunch's request is answered once the projector is at most ``bunch_slack``
         records short of it, and any request after at most ``wait_s``: counts short of the
         update's may only mean that some accepted bunch is not applied yet. That is told apart
         from a client that sent too few by waiting (bounded) for the projector to reach the
@@ -415,7 +478,8 @@ class Commands:
         if row is None:
             raise NotFound(f"batch {batch_id} not found")
         await self._append([BatchCancelRequested(batch_id=batch_id, requested_by=user.name),
-                            BatchCancelled(batch_id=batch_id, reason="user")])
+                            BatchCancelled(batch_id=batch_id, reason="user")],
+                           unsettled=(batch_id, user.name))
 
     async def cancel_group(self, batch_id: int, group_id: int, user: User) -> None:
         if group_id == 0:
@@ -429,7 +493,8 @@ class Commands:
         await self._append([
             JobGroupCancelRequested(batch_id=batch_id, job_group_id=group_id,
                                     requested_by=user.name),
-            JobGroupCancelled(batch_id=batch_id, job_group_id=group_id, reason="user")])
+            JobGroupCancelled(batch_id=batch_id, job_group_id=group_id, reason="user")],
+            unsettled=(batch_id, user.name))
 
     async def delete_batch(self, batch_id: int, user: User) -> None:
         row = await self._db(self.store.visible_batch, batch_id, user.name)
@@ -441,4 +506,4 @@ class Commands:
                                             reason="deleted"),
                        BatchCancelled(batch_id=batch_id, reason="deleted")]
         events.append(BatchDeleted(batch_id=batch_id, requested_by=user.name))
-        await self._append(events)
+        await self._append(events, unsettled=(batch_id, user.name))

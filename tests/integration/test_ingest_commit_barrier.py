@@ -10,82 +10,28 @@ setting ``applied_offsets``; the log is the real broker.
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import time
 from collections.abc import AsyncIterator
 
 import pytest
-import sqlalchemy as sa
 
 from core.errors import BadRequest, Unavailable
-from core.resources import default_config
 from schemas.batch import JobsSubmitted, UpdateOpened
-from schemas.control import (
-    BillingProjectCreated,
-    BillingProjectMemberAdded,
-    TokenIssued,
-    UserCreated,
-)
 from schemas.topics import BATCH
-from services.common.log import Publisher, bootstrap_topics, high_watermarks
+from services.common.log import high_watermarks
 from services.common.settings import DatabaseSettings, LogSettings
-from services.ingest.commands import Commands
-from services.ingest.store import Store, User
-from services.projector.sink import Sink
 
-from .projection_helpers import Stream, job, submission
+from .ingest_harness import ALICE, Harness, open_harness
+from .projection_helpers import job, submission
 
 pytestmark = pytest.mark.integration
-
-CONSUMER = "test-commit-barrier"
-_PARTITIONS = itertools.count(100)
-ALICE = User("alice", is_developer=False)
-
-
-class Harness:
-    def __init__(self, engine: sa.Engine, publisher: Publisher, settings: LogSettings) -> None:
-        self.engine, self.publisher, self.settings = engine, publisher, settings
-        self.sink = Sink(engine, CONSUMER)
-        # Set-up records go to partitions the broker does not have (their stored offsets say
-        # nothing about the real log), new ones per test (the database is the module's).
-        self.setup = Stream(BATCH, partition=next(_PARTITIONS))
-        self.control = Stream("control-events", partition=next(_PARTITIONS))
-        self.commands = Commands(Store(engine, CONSUMER), publisher, default_config(),
-                                 wait_s=0.5)
-
-    def project(self, *events: object) -> None:
-        self.sink.apply(self.setup.records(list(events)))  # type: ignore[arg-type]
-
-    async def projector_at_end(self) -> None:
-        """The projector has applied everything on the real log."""
-        ends = await high_watermarks(self.settings, [BATCH])
-        with self.engine.begin() as conn:
-            for (topic, partition), end in ends.items():
-                conn.execute(sa.text(
-                    "INSERT INTO applied_offsets (consumer, topic, kafka_partition, "
-                    "next_offset, updated_at_ms) VALUES (:c, :t, :p, :n, 0) "
-                    "ON DUPLICATE KEY UPDATE next_offset = :n"),
-                    {"c": CONSUMER, "t": topic, "p": partition, "n": end})
 
 
 @pytest.fixture
 async def harness(migrated_db: DatabaseSettings, log_settings: LogSettings
                   ) -> AsyncIterator[Harness]:
-    await bootstrap_topics(log_settings)
-    engine = sa.create_engine(migrated_db.url())
-    try:
-        async with Publisher(log_settings) as publisher:
-            h = Harness(engine, publisher, log_settings)
-            h.sink.apply(h.control.records([
-                UserCreated(user="alice"),
-                TokenIssued(user="alice", token_id="t1",
-                            token_sha256=hashlib.sha256(b"x").hexdigest()),
-                BillingProjectCreated(billing_project="proj"),
-                BillingProjectMemberAdded(billing_project="proj", user="alice")]))
-            yield h
-    finally:
-        engine.dispose()
+    async with open_harness(migrated_db, log_settings, "test-commit-barrier") as h:
+        yield h
 
 
 async def test_short_counts_while_the_projector_is_behind_are_a_503_then_the_retry_commits(

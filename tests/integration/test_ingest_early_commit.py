@@ -1,0 +1,88 @@
+"""A commit of an update whose every job came through this ingest is answered from the log.
+
+Ingest tallies the job ids of the bunches it appended (the broker acknowledged them); when they
+cover the update, the commit needs no projected counts: it is appended and answered while the
+projector may still be applying the bunches, and the reads of that batch wait for it instead
+(read-your-writes). Anything else (bunches another process appended, too few jobs) takes the
+projected counts as before. The log is the real broker; the projector's part is played by the
+sink and by setting ``applied_offsets``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from core.errors import BadRequest
+from schemas.batch import JobsSubmitted, UpdateCommitted
+from services.common.settings import DatabaseSettings, LogSettings
+
+from .ingest_harness import ALICE, WAIT_S, Harness, open_harness
+from .projection_helpers import job, submission
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def harness(migrated_db: DatabaseSettings, log_settings: LogSettings
+                  ) -> AsyncIterator[Harness]:
+    async with open_harness(migrated_db, log_settings, "test-early-commit") as h:
+        yield h
+
+
+def bunch(*ids: int) -> list[dict[str, Any]]:
+    return [{"job_id": i, "process": {"type": "docker", "image": "ubuntu:24.04",
+                                      "command": ["true"]}} for i in ids]
+
+
+async def test_the_commit_is_answered_before_the_projector_applied_the_bunches(
+        harness: Harness) -> None:
+    harness.project(*submission(1, 1, [job(i) for i in range(1, 5)], create=True,
+                                commit=False)[:2])
+    await harness.commands.submit_jobs(1, 1, bunch(1, 2), ALICE)
+    await harness.commands.submit_jobs(1, 1, bunch(2, 3), ALICE)  # a retried job counts once
+    await harness.commands.submit_jobs(1, 1, bunch(4), ALICE)
+    t0 = time.monotonic()
+    assert await harness.commands.commit(1, 1, ALICE) == {"start_job_id": 1,
+                                                          "start_job_group_id": 1}
+    assert time.monotonic() - t0 < WAIT_S  # it did not wait for the projector
+    assert await harness.log_ends() == 4  # three bunches, then the commit
+
+    # The projector has applied none of it: a read of the batch waits for it (bounded) ...
+    t0 = time.monotonic()
+    await harness.commands.settle(1, "alice")
+    assert time.monotonic() - t0 >= WAIT_S
+    # ... and, once it did, no longer waits.
+    harness.project(JobsSubmitted(batch_id=1, update_id=1, jobs=[job(i) for i in range(1, 5)]),
+                    UpdateCommitted(batch_id=1, update_id=1, n_jobs=4, n_job_groups=0))
+    await harness.projector_at_end()
+    t0 = time.monotonic()
+    await harness.commands.settle(1, "alice")
+    await harness.commands.settle(None, "alice")
+    assert time.monotonic() - t0 < WAIT_S
+
+
+async def test_a_second_commit_or_a_late_bunch_is_refused_before_the_first_is_projected(
+        harness: Harness) -> None:
+    harness.project(*submission(2, 1, [job(1), job(2)], create=True, commit=False)[:2])
+    await harness.commands.submit_jobs(2, 1, bunch(1, 2), ALICE)
+    await harness.commands.commit(2, 1, ALICE)
+    with pytest.raises(BadRequest, match="update 1 is already committed"):
+        await harness.commands.commit(2, 1, ALICE)
+    with pytest.raises(BadRequest, match="update 1 is already committed"):
+        await harness.commands.submit_jobs(2, 1, bunch(2), ALICE)
+    assert await harness.log_ends() == 2  # the bunch and one commit
+
+
+async def test_too_few_jobs_through_this_process_fall_back_to_the_projected_counts(
+        harness: Harness) -> None:
+    harness.project(*submission(3, 1, [job(1), job(2), job(3)], create=True, commit=False)[:2])
+    await harness.commands.submit_jobs(3, 1, bunch(1, 2), ALICE)
+    harness.project(JobsSubmitted(batch_id=3, update_id=1, jobs=[job(1), job(2)]))
+    await harness.projector_at_end()
+    with pytest.raises(BadRequest, match="wrong number of jobs: expected 3, actual 2"):
+        await harness.commands.commit(3, 1, ALICE)
+    assert await harness.log_ends() == 1  # the bunch only
