@@ -113,7 +113,7 @@ class Commands:
         positions = await self.publisher.publish_many(list(events))
         ingest_metrics.appended(len(positions))
         applied = await self.store.wait_applied(positions, timeout_s=self.wait_s, slack=slack)
-        if unsettled is not None and (slack or not applied):
+        if unsettled is not None and positions and (slack or not applied):
             batch_id, user = unsettled
             self._unsettled[batch_id] = (user, positions[-1])
             self._unsettled.move_to_end(batch_id)

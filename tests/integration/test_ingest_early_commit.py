@@ -14,11 +14,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from core.errors import BadRequest
 from schemas.batch import JobsSubmitted, UpdateCommitted
+from services.common import procs
 from services.common.settings import DatabaseSettings, LogSettings
+from services.ingest.app import create_app
+from services.ingest.billing import Billing
 
 from .ingest_harness import ALICE, WAIT_S, Harness, open_harness
 from .projection_helpers import job, submission
@@ -86,3 +91,41 @@ async def test_too_few_jobs_through_this_process_fall_back_to_the_projected_coun
     with pytest.raises(BadRequest, match="wrong number of jobs: expected 3, actual 2"):
         await harness.commands.commit(3, 1, ALICE)
     assert await harness.log_ends() == 1  # the bunch only
+
+
+async def test_reads_through_the_api_wait_for_a_commit_answered_early(
+        harness: Harness) -> None:
+    harness.project(*submission(4, 1, [job(1), job(2)], create=True, commit=False)[:2])
+    app = create_app(harness.commands.store, harness.commands,
+                     Billing(harness.commands.store, harness.publisher))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = procs.free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    base = f"http://127.0.0.1:{port}/api/v1alpha/batches"
+    try:
+        async with aiohttp.ClientSession(headers={"Authorization": "Bearer x"}) as http:
+            async with http.post(f"{base}/4/updates/1/jobs/create", json=bunch(1, 2)) as r:
+                assert r.status == 200, await r.text()
+            async with http.patch(f"{base}/4/updates/1/commit") as r:
+                assert r.status == 200, await r.text()
+
+            async def read(url: str) -> float:
+                t0 = time.monotonic()
+                async with http.get(url) as r:
+                    assert r.status == 200, await r.text()
+                return time.monotonic() - t0
+
+            # Not applied yet: the batch's reads and the user's listing wait for the projector.
+            assert await read(f"{base}/4") >= WAIT_S
+            assert await read(f"{base}/4/jobs") >= WAIT_S
+            assert await read(base) >= WAIT_S
+            harness.project(JobsSubmitted(batch_id=4, update_id=1, jobs=[job(1), job(2)]),
+                            UpdateCommitted(batch_id=4, update_id=1, n_jobs=2, n_job_groups=0))
+            await harness.projector_at_end()
+            assert await read(f"{base}/4") < WAIT_S
+            async with http.get(f"{base}/4") as r:
+                body = await r.json()
+            assert (body["n_jobs"], body["state"]) == (2, "running")
+    finally:
+        await runner.cleanup()
