@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import pytest
+
+from services.common.settings import load_settings
+
+
+def test_the_log_is_compressed_with_zstd_unless_told_otherwise() -> None:
+    assert load_settings({}).log.compression == "zstd"
+    assert load_settings({"HS_KAFKA_COMPRESSION": "LZ4"}).log.compression == "lz4"
+    assert load_settings({"HS_KAFKA_COMPRESSION": "none"}).log.compression is None
+    assert load_settings({"HS_KAFKA_COMPRESSION": ""}).log.compression is None
+
+
+def test_an_unknown_codec_is_named_in_the_error() -> None:
+    with pytest.raises(ValueError, match="HS_KAFKA_COMPRESSION: expected one of none, gzip, "
+                                         "snappy, lz4, zstd; got 'brotli'"):
+        load_settings({"HS_KAFKA_COMPRESSION": "brotli"})
