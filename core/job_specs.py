@@ -14,8 +14,8 @@ import itertools
 import math
 import re
 from collections import Counter
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from typing import Any, Final, NamedTuple
 
 import msgspec
 
@@ -297,10 +297,70 @@ def job_records(
     """
     specs = [check_job_spec(f"jobs[{i}]", obj, is_developer=is_developer)
              for i, obj in enumerate(expect_bunch("jobs", objs))]
-    out_of_range = [s["job_id"] for s in specs if not 1 <= s["job_id"] <= n_jobs]
+    get = dict.get
+    views = [SpecView(
+        in_update_id=s["job_id"],
+        jvm=s["process"]["type"] == "jvm",
+        absolute_parent_ids=get(s, "absolute_parent_ids"),
+        parent_ids=get(s, "parent_ids"),
+        in_update_parent_ids=get(s, "in_update_parent_ids"),
+        in_update_job_group_id=get(s, "in_update_job_group_id"),
+        absolute_job_group_id=get(s, "absolute_job_group_id"),
+        resources=get(s, "resources"),
+        regions=get(s, "regions"),
+        always_run=get(s, "always_run", False),
+        n_max_attempts=get(s, "n_max_attempts", DEFAULT_N_MAX_ATTEMPTS),
+        attributes=get(s, "attributes", {}),
+        text=msgspec.json.encode(raw).decode(),
+    ) for s, raw in zip(specs, objs, strict=True)]
+    return records_of(views, start_job_id=start_job_id, n_jobs=n_jobs,
+                      start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
+                      config=config, known_group=known_group, batch_id=batch_id)
+
+
+class SpecView(NamedTuple):
+    """What a record takes from one job spec whose keys and value types were checked.
+
+    Absent and null optional keys are None, except the three with defaults.
+    """
+
+    in_update_id: int
+    jvm: bool
+    absolute_parent_ids: list[int] | None
+    parent_ids: list[int] | None
+    in_update_parent_ids: list[int] | None
+    in_update_job_group_id: int | None
+    absolute_job_group_id: int | None
+    resources: dict[str, Any] | None
+    regions: list[str] | None
+    always_run: bool
+    n_max_attempts: int
+    attributes: dict[str, str]
+    text: str
+
+
+_NO_RESOURCES: Final = msgspec.json.encode((None, None))
+
+
+def records_of(
+    views: Sequence[SpecView],
+    *,
+    start_job_id: int,
+    n_jobs: int,
+    start_job_group_id: int,
+    n_job_groups: int,
+    config: InstCollConfig,
+    known_group: Callable[[int], bool],
+    batch_id: int | None = None,
+) -> list[JobRecord]:
+    """The records of a bunch of checked specs, their ids, parents, groups and resources resolved.
+
+    See :func:`job_records`.
+    """
+    out_of_range = [v.in_update_id for v in views if not 1 <= v.in_update_id <= n_jobs]
     if out_of_range:
         raise BadRequest(f"job ids {out_of_range} are out of range")
-    absolute_ids = [resolve_in_update_id(s["job_id"], start_job_id) for s in specs]
+    absolute_ids = [resolve_in_update_id(v.in_update_id, start_job_id) for v in views]
     for before, after in itertools.pairwise(absolute_ids):
         if after != before + 1:
             raise BadRequest(f"noncontiguous job ids found in the spec: {before} -> {after}")
@@ -309,19 +369,20 @@ def job_records(
     # Jobs of a bunch mostly ask for the same resources: normalize each distinct request once.
     # Only successes are remembered; a failing request raises with this job's own names.
     normalized: dict[bytes, tuple[JobResources, str]] = {}
-    for i, (spec, raw, job_id) in enumerate(zip(specs, objs, absolute_ids, strict=True)):
-        label = str(job_id) if batch_id is None else str((batch_id, job_id))
-        parent_ids = _parents(spec, job_id, start_job_id)
-        group_id = _job_group(f"jobs[{i}]", spec, job_id, start_job_group_id, n_job_groups)
+    for i, (v, job_id) in enumerate(zip(views, absolute_ids, strict=True)):
+        parent_ids = _parents(v, job_id, start_job_id)
+        group_id = _job_group(f"jobs[{i}]", v, job_id, start_job_group_id, n_job_groups)
         if group_id != ROOT_JOB_GROUP_ID and not known_group(group_id):
             raise BadRequest(f"job {job_id}: job group {group_id} does not exist")
-        if spec["process"]["type"] == "jvm":
-            _check_jvm_resources(spec.get("resources") or {})
-        request = msgspec.json.encode((spec.get("resources"), spec.get("regions")))
+        if v.jvm:
+            _check_jvm_resources(v.resources or {})
+        request = (_NO_RESOURCES if v.resources is None and v.regions is None
+                   else msgspec.json.encode((v.resources, v.regions)))
         known = normalized.get(request)
         if known is None:
+            label = str(job_id) if batch_id is None else str((batch_id, job_id))
             known = normalized[request] = normalize_resources(
-                spec.get("resources"), config=config, regions=spec.get("regions"), job=label,
+                v.resources, config=config, regions=v.regions, job=label,
                 name=f"jobs[{i}].resources",
             )
         resources, inst_coll = known
@@ -329,25 +390,22 @@ def job_records(
             job_id=job_id,
             job_group_id=group_id,
             parent_ids=parent_ids,
-            always_run=spec.get("always_run", False),
-            n_max_attempts=spec.get("n_max_attempts", DEFAULT_N_MAX_ATTEMPTS),
+            always_run=v.always_run,
+            n_max_attempts=v.n_max_attempts,
             resources=resources,
             inst_coll=inst_coll,
-            attributes=spec.get("attributes", {}),
-            spec=msgspec.json.encode(raw).decode(),
+            attributes=v.attributes,
+            spec=v.text,
         ))
     return records
 
 
-def _parents(spec: dict[str, Any], job_id: int, start_job_id: int) -> list[int]:
-    if not ("absolute_parent_ids" in spec or "parent_ids" in spec
-            or "in_update_parent_ids" in spec):
-        return []
-    in_update_id = spec["job_id"]
-    absolute = [*spec.get("absolute_parent_ids", ()), *spec.get("parent_ids", ())]
-    in_update = spec.get("in_update_parent_ids", [])
-    if not absolute and not in_update:  # what the client sends for a job without parents
-        return []
+def _parents(v: SpecView, job_id: int, start_job_id: int) -> list[int]:
+    if not (v.absolute_parent_ids or v.parent_ids or v.in_update_parent_ids):
+        return []  # what the client sends for a job without parents: empty lists
+    in_update_id = v.in_update_id
+    absolute = [*(v.absolute_parent_ids or ()), *(v.parent_ids or ())]
+    in_update = v.in_update_parent_ids or []
     bad = [p for p in absolute if not 1 <= p < job_id]
     bad += [p for p in in_update if not 1 <= p < in_update_id]
     if bad:
@@ -366,10 +424,10 @@ def _parents(spec: dict[str, Any], job_id: int, start_job_id: int) -> list[int]:
 
 
 def _job_group(
-    name: str, spec: dict[str, Any], job_id: int, start_job_group_id: int, n_job_groups: int
+    name: str, v: SpecView, job_id: int, start_job_group_id: int, n_job_groups: int
 ) -> int:
-    if "in_update_job_group_id" in spec:
-        group = spec["in_update_job_group_id"]
+    if v.in_update_job_group_id is not None:
+        group = v.in_update_job_group_id
         if group == 0 and start_job_group_id == 1:
             return ROOT_JOB_GROUP_ID
         if 1 <= group <= n_job_groups:
@@ -377,7 +435,7 @@ def _job_group(
         raise BadRequest(
             f"{name}.in_update_job_group_id {group} of job {job_id} is out of range"
         )
-    group = spec.get("absolute_job_group_id", ROOT_JOB_GROUP_ID)
+    group = ROOT_JOB_GROUP_ID if v.absolute_job_group_id is None else v.absolute_job_group_id
     if group < 0:
         raise BadRequest(f"job {job_id}: job group {group} does not exist")
     return int(group)

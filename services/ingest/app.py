@@ -141,8 +141,9 @@ async def submit_groups(request: web.Request) -> web.Response:
 
 
 async def submit_jobs(request: web.Request) -> web.Response:
+    # The bunch is decoded by the core, typed (core.job_bunch): the body goes as it came.
     await request.app[COMMANDS].submit_jobs(
-        _int(request, "batch_id"), _int(request, "update_id"), await _body(request),
+        _int(request, "batch_id"), _int(request, "update_id"), await request.read(),
         request[USER])
     return web.Response()
 

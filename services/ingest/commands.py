@@ -27,6 +27,7 @@ from typing import Any
 from core.billing import cost_str, over_limit
 from core.errors import BadRequest, Forbidden, NotFound, Unavailable
 from core.id_tally import IdTally
+from core.job_bunch import job_records_json
 from core.job_specs import job_records
 from core.resources import InstCollConfig
 from core.specs import (
@@ -391,10 +392,12 @@ class Commands:
                                                    job_groups=records)],
                                unsettled=(batch_id, user.name))
 
-    async def submit_jobs(self, batch_id: int, update_id: int, body: Any, user: User) -> None:
+    async def submit_jobs(self, batch_id: int, update_id: int, body: bytes,
+                          user: User) -> None:
+        """Append a bunch of jobs of an open update, given as its JSON body."""
         await self._check_not_frozen()
         u = await self._open_update(batch_id, update_id, user)
-        records = await self._db(lambda: job_records(
+        records = await self._db(lambda: job_records_json(
             body, start_job_id=u.start_job_id, n_jobs=u.n_jobs,
             start_job_group_id=u.start_job_group_id, n_job_groups=u.n_job_groups,
             config=self.config, known_group=self._known_group(batch_id),

@@ -1,0 +1,135 @@
+"""A bunch of job specs straight from its JSON body: one typed decode, the checks' fallback.
+
+:func:`core.job_specs.job_records` checks decoded JSON key by key in Python, about 5 us a job.
+Most bunches hold only the keys the official client sends for ordinary jobs, with values of the
+expected types; msgspec checks those in C while decoding into :class:`_Spec`. A bunch that
+decodes that way gives its records here (only values the typed decode cannot check are looked
+at again); any other bunch, valid or not, goes through ``job_records`` unchanged, so what is
+accepted and every error message stay those of the checks. The typed schema is stricter than
+the checks, never looser: tests/core/test_job_bunch.py compares the two on generated bunches.
+
+A record's spec text is the client's own JSON for that job (a slice of the body).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from core.job_specs import (
+    DEFAULT_N_MAX_ATTEMPTS,
+    SpecView,
+    job_records,
+    records_of,
+)
+from core.resources import InstCollConfig
+from core.specs import MAX_BUNCH_SIZE
+from schemas.batch import JobRecord
+
+
+class _Docker(msgspec.Struct, forbid_unknown_fields=True):
+    type: Literal["docker"]
+    image: str
+    command: list[str]
+    mount_docker_socket: bool | None = None
+
+
+class _EnvVar(msgspec.Struct, forbid_unknown_fields=True):
+    name: str
+    value: str
+
+
+class _File(msgspec.Struct, forbid_unknown_fields=True, rename={"source": "from"}):
+    source: str
+    to: str
+
+
+class _Spec(msgspec.Struct, forbid_unknown_fields=True):
+    """The keys of an ordinary job spec; a null counts as absent, as in the checks."""
+
+    job_id: int
+    process: _Docker
+    always_run: bool | None = None
+    always_copy_output: bool | None = None
+    n_max_attempts: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    absolute_parent_ids: list[int] | None = None
+    in_update_parent_ids: list[int] | None = None
+    parent_ids: list[int] | None = None
+    absolute_job_group_id: int | None = None
+    in_update_job_group_id: int | None = None
+    attributes: dict[str, str] | None = None
+    resources: dict[str, Any] | None = None
+    regions: list[str] | None = None
+    env: list[_EnvVar] | None = None
+    input_files: list[_File] | None = None
+    output_files: list[_File] | None = None
+
+
+_SPECS = msgspec.json.Decoder(list[_Spec])
+_RAWS = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _views(data: bytes) -> list[SpecView] | None:
+    """The views of a bunch every spec of which is ordinary, else None."""
+    try:
+        specs = _SPECS.decode(data)
+        raws = _RAWS.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if len(specs) > MAX_BUNCH_SIZE:
+        return None
+    views = []
+    for s, raw in zip(specs, raws, strict=True):
+        if s.process.mount_docker_socket or (s.absolute_job_group_id is not None
+                                             and s.in_update_job_group_id is not None):
+            return None  # refused by the checks, with their message
+        views.append(SpecView(
+            in_update_id=s.job_id,
+            jvm=False,
+            absolute_parent_ids=s.absolute_parent_ids,
+            parent_ids=s.parent_ids,
+            in_update_parent_ids=s.in_update_parent_ids,
+            in_update_job_group_id=s.in_update_job_group_id,
+            absolute_job_group_id=s.absolute_job_group_id,
+            resources=s.resources,
+            regions=s.regions,
+            always_run=False if s.always_run is None else s.always_run,
+            n_max_attempts=(DEFAULT_N_MAX_ATTEMPTS if s.n_max_attempts is None
+                            else s.n_max_attempts),
+            attributes={} if s.attributes is None else s.attributes,
+            text=bytes(raw).decode(),
+        ))
+    return views
+
+
+def job_records_json(
+    data: bytes,
+    *,
+    start_job_id: int,
+    n_jobs: int,
+    start_job_group_id: int,
+    n_job_groups: int,
+    config: InstCollConfig,
+    known_group: Callable[[int], bool],
+    is_developer: bool = False,
+    batch_id: int | None = None,
+) -> list[JobRecord]:
+    """:func:`core.job_specs.job_records` of a JSON body (empty: no body).
+
+    Raises:
+        BadRequest: As ``job_records``.
+        msgspec.DecodeError: The body is not JSON.
+
+    """
+    views = _views(data) if data else None
+    if views is not None:
+        return records_of(views, start_job_id=start_job_id, n_jobs=n_jobs,
+                          start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
+                          config=config, known_group=known_group, batch_id=batch_id)
+    return job_records(msgspec.json.decode(data) if data else None,
+                       start_job_id=start_job_id, n_jobs=n_jobs,
+                       start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
+                       config=config, known_group=known_group, is_developer=is_developer,
+                       batch_id=batch_id)
