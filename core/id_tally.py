@@ -34,6 +34,22 @@ class IdTally:
         """The half-open runs of seen ids, in order."""
         return list(zip(self._starts, self._ends, strict=True))
 
+    def __contains__(self, i: object) -> bool:
+        if not isinstance(i, int):
+            return False
+        k = bisect_right(self._starts, i) - 1
+        return k >= 0 and i < self._ends[k]
+
+    def seen_within(self, lo: int, hi: int) -> int:
+        """How many ids of ``[lo, hi)`` have been seen."""
+        starts, ends = self._starts, self._ends
+        n = 0
+        for k in range(max(bisect_right(ends, lo), 0), len(starts)):
+            if starts[k] >= hi:
+                break
+            n += min(ends[k], hi) - max(starts[k], lo)
+        return n
+
     def add(self, ids: Iterable[int]) -> None:
         """Count ``ids`` (any order; repeats and ids seen before count once)."""
         start = end = None

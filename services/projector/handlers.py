@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 from core.billing import billable
 from core.completions import completion_ops
+from core.id_tally import IdTally
 from core.projection.billing import Billed
 from core.projection.cancel import Cancellable, plan_cancel
 from core.projection.commit import (
@@ -252,7 +253,7 @@ class Handler:
                 if event.empty:  # complete at once: its outbox rows, as a commit of no jobs
                     self._done.setdefault(event.batch_id, []).append(([0], frozenset(), now))
             case UpdateOpened():
-                self._w.emit(fold_update_opened(event, now))
+                self._update_opened(event, now)
             case JobGroupsSubmitted():
                 self._job_groups(event, now)
             case JobsSubmitted():
@@ -320,26 +321,47 @@ class Handler:
             raise LookupError(f"batch {event.batch_id}: parent groups {missing} do not exist")
         self._w.emit(fold_job_groups(event, now, ancestry))
 
+    def _update_opened(self, event: UpdateOpened, now: int) -> None:
+        b, u = event.batch_id, event.update_id
+        if not self._read(_UPDATE, b=b, u=u):  # new: its bunches all come after this
+            self._batches.open_update(b, u, IdTally(event.start_job_id, event.n_jobs))
+        self._w.emit(fold_update_opened(event, now))
+
     def _jobs(self, event: JobsSubmitted) -> None:
         """A bunch: rows and staged counts of the jobs not projected before (a client retry
-        resubmits a bunch); nothing once the update is committed (its jobs were all in)."""
+        resubmits a bunch); nothing once the update is committed (its jobs were all in).
+
+        For an update opened under this cache, which jobs are in is known without reading,
+        and the bunch's statements are sent without waiting for them: the database writes
+        this bunch while the next events are folded (the writer's pipeline).
+        """
         b, ids = event.batch_id, [j.job_id for j in event.jobs]
         if not ids:
             return
-        update = self._read(_UPDATE, b=b, u=event.update_id)
-        if update and update[0][0]:
-            return
-        existing = {int(j) for (j,) in self._read(_EXISTING_JOBS, b=b, lo=min(ids), hi=max(ids))}
-        new = [j for j in event.jobs if j.job_id not in existing]
+        tally = self._batches.open_updates.get((b, event.update_id))
+        if tally is not None:
+            new = (list(event.jobs) if not tally.seen_within(min(ids), max(ids) + 1)
+                   else [j for j in event.jobs if j.job_id not in tally])
+        else:
+            update = self._read(_UPDATE, b=b, u=event.update_id)
+            if update and update[0][0]:
+                return
+            existing = {int(j) for (j,) in self._read(_EXISTING_JOBS, b=b, lo=min(ids),
+                                                         hi=max(ids))}
+            new = [j for j in event.jobs if j.job_id not in existing]
         if not new:
             return
         self._w.emit(fold_jobs(event, new))
         self._w.emit(stage_jobs(b, event.update_id, [
             StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
                       len(j.parent_ids)) for j in new]))
+        if tally is not None:
+            tally.add(j.job_id for j in new)
+            self._w.flush(wait=False)
 
     def _commit(self, event: UpdateCommitted, now: int) -> None:
         b, u = event.batch_id, event.update_id
+        self._batches.open_updates.pop((b, u), None)
         update = self._read(_UPDATE, b=b, u=u)
         if not update or update[0][0]:
             return  # unknown (ingest validates) or already committed: a duplicate request

@@ -8,6 +8,7 @@ number, so concurrent projector instances never write the same counter row.
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from services.common.log import Record
 from services.common.offsets import MySQLOffsetStore
 from services.projector.handlers import Handler
 from services.projector.state import DEFAULT_MAX_JOBS, PartitionCache
-from services.projector.writer import Writer
+from services.projector.writer import Pipeline, Writer
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class Sink:
         self._generation = 0
         """Bumped by forget(); a cache from an older generation is dropped before use."""
         self._seen: dict[tuple[str, int], int] = {}
+        self._pipelines = threading.local()
 
     def forget(self) -> None:
         """Drop everything cached before its partition's next transaction: partitions were
@@ -77,8 +79,23 @@ class Sink:
         result.records, result.fresh = len(records), fresh
         return result
 
+    def _pipeline(self) -> Pipeline:
+        """The applying thread's own statement pipeline (replay lanes apply in parallel)."""
+        pipeline: Pipeline | None = getattr(self._pipelines, "pipeline", None)
+        if pipeline is None:
+            pipeline = self._pipelines.pipeline = Pipeline()
+        return pipeline
+
     def _fold(self, conn: sa.Connection, records: list[Record]) -> Applied:
-        writer = Writer(conn)
+        pipeline = self._pipeline()
+        try:
+            return self._fold_with(Writer(conn, pipeline), conn, records)
+        except BaseException:
+            pipeline.drain()  # the statements still running use conn: before the rollback
+            raise
+
+    def _fold_with(self, writer: Writer, conn: sa.Connection, records: list[Record]
+                   ) -> Applied:
         stats = Applied()
         by_partition: dict[tuple[str, int], list[Record]] = defaultdict(list)
         for r in records:

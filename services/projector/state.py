@@ -16,8 +16,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.id_tally import IdTally
 from schemas.base import JobState
 
+MAX_OPEN_UPDATES = 10_000
+"""Open updates whose projected jobs a partition's cache knows (a few runs of ids each)."""
 DEFAULT_MAX_JOBS = 1_000_000
 """Cached jobs, over all of a projector's partitions, before least recently used batches are
 forgotten (a job costs a few hundred bytes here)."""
@@ -74,6 +77,16 @@ class PartitionCache:
 
     def __init__(self) -> None:
         self._batches: OrderedDict[int, BatchState] = OrderedDict()
+        self.open_updates: OrderedDict[tuple[int, int], IdTally] = OrderedDict()
+        """(batch, update) -> the ids of its jobs projected, for updates opened (new) under
+        this cache: every bunch of theirs since went through it. Only bunches change it (the
+        handler keeps it in step); the commit ends it. Not dropped with its batch's state."""
+
+    def open_update(self, batch_id: int, update_id: int, tally: IdTally) -> None:
+        """Remember a new update's projected jobs (the oldest beyond a bound are forgotten)."""
+        self.open_updates[(batch_id, update_id)] = tally
+        while len(self.open_updates) > MAX_OPEN_UPDATES:
+            self.open_updates.popitem(last=False)
 
     def get(self, batch_id: int) -> BatchState:
         """The batch's state (empty if nothing is known of it yet), now most recently used."""
@@ -90,6 +103,7 @@ class PartitionCache:
 
     def clear(self) -> None:
         self._batches.clear()
+        self.open_updates.clear()
 
     def trim(self, max_jobs: int) -> None:
         """Forget least recently used batches while more than ``max_jobs`` jobs are cached

@@ -19,7 +19,10 @@ value through several calls, which was most of the projector's CPU for a bunch o
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from operator import itemgetter
 from typing import Any, cast
 
@@ -178,11 +181,67 @@ def rendered(tuples: Iterable[Iterable[object]], render: Callable[[object], str]
         yield out
 
 
-class Writer:
-    """Buffers operations and applies them on ``conn`` (inside the caller's transaction)."""
+class Pipeline:
+    """Runs one writer's statements on a thread of its own, in order.
 
-    def __init__(self, conn: sa.Connection) -> None:
+    PyMySQL waits for the server without the GIL, so while MariaDB executes a statement the
+    caller renders the next one and folds the next events: the projector's Python and the
+    database's work overlap instead of taking turns. The connection is the caller's, used by one
+    thread at a time: the caller touches it only after :meth:`wait` (before any read, and
+    before storing offsets and committing). After a statement fails, the rest are skipped, and
+    the failure is raised by the next :meth:`wait`.
+    """
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._futures: list[Future[None]] = []
+        self._failed = False
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projector-sql")
+        self._futures.append(self._executor.submit(self._run, fn))
+
+    def _run(self, fn: Callable[[], object]) -> None:
+        if self._failed:
+            return
+        try:
+            fn()
+        except BaseException:
+            self._failed = True
+            raise
+
+    def wait(self) -> None:
+        """Wait for every statement submitted; raise the first failure."""
+        futures, self._futures = self._futures, []
+        first: BaseException | None = None
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as e:  # the first one is raised below
+                first = first or e
+        self._failed = False
+        if first is not None:
+            raise first
+
+    def drain(self) -> None:
+        """Wait for every statement submitted, whatever happened (before a rollback)."""
+        with contextlib.suppress(BaseException):
+            self.wait()
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+class Writer:
+    """Buffers operations and applies them on ``conn`` (inside the caller's transaction),
+    through ``pipeline`` when given (then :meth:`flush` waits for it unless told not to)."""
+
+    def __init__(self, conn: sa.Connection, pipeline: Pipeline | None = None) -> None:
         self._conn = conn
+        self._pipeline = pipeline
         self._literals = Literals.of(conn)
         self._pending: list[Op] = []
         self._increments = Increments()
@@ -240,8 +299,22 @@ class Writer:
         for row, values in self._deferred.pop(table, {}).items():
             self._pending.append(Update(table, values, dict(zip(keys, row, strict=True))))
 
-    def flush(self) -> None:
-        """Apply everything buffered. Call before reading state the buffered ops may change."""
+    def flush(self, *, wait: bool = True) -> None:
+        """Apply everything buffered. Call before reading state the buffered ops may change.
+
+        With a pipeline and ``wait=False``, the statements may still be running on return:
+        nothing may use the connection before a flush (or :meth:`sync`) that waits.
+        """
+        self._flush()
+        if wait:
+            self.sync()
+
+    def sync(self) -> None:
+        """Wait until every statement submitted ran (raising the first failure)."""
+        if self._pipeline is not None:
+            self._pipeline.wait()
+
+    def _flush(self) -> None:
         pending, self._pending = self._pending, []
         # Open runs of inserts/upserts by shape. Tables have no foreign keys, so writes to
         # different tables commute: only a write of another shape to the same table closes a run.
@@ -320,16 +393,24 @@ class Writer:
         the values as a placeholder. Through SQLAlchemy, not a raw cursor: its errors must be
         SQLAlchemy's, which callers classify (a deadlock or a lost server is retried; a raw
         driver error escaped every retry and stopped the replay, seen in CI)."""
+        if self._pipeline is not None:
+            self._pipeline.submit(functools.partial(
+                self._conn.exec_driver_sql, sql, execution_options=_NO_PARAMETERS))
+            return
         self._conn.exec_driver_sql(sql, execution_options=_NO_PARAMETERS)
 
     def _exec(self, sql: str, params: Sequence[Row] | Row) -> None:
         # Straight to the driver: these statements are built here, with placeholders in the
         # driver's style, so SQLAlchemy's text parsing and caching would only add time.
-        if isinstance(params, Sequence):
-            self._conn.exec_driver_sql(sql, [dict(p) for p in params])
-        else:
-            self._conn.exec_driver_sql(sql, dict(params))
+        self._send(sql, [dict(p) for p in params] if isinstance(params, Sequence)
+                   else dict(params))
         self.statements += 1
+
+    def _send(self, sql: str, args: list[dict[str, Any]] | dict[str, Any]) -> None:
+        if self._pipeline is not None:
+            self._pipeline.submit(functools.partial(self._conn.exec_driver_sql, sql, args))
+        else:
+            self._conn.exec_driver_sql(sql, args)
 
     def _write_run(self, run: Sequence[InsertIgnore | Upsert]) -> None:
         if not run:
@@ -387,7 +468,7 @@ class Writer:
                 sql = (f"UPDATE {_q(table)} SET {sets} WHERE {conds} "
                        f"AND {_q(column)} IN {_p('ids')}")  # a tuple expands to (a, b, ...)
                 for i in range(0, len(ids), IN_CHUNK):
-                    self._conn.exec_driver_sql(sql, {**params, "ids": tuple(ids[i:i + IN_CHUNK])})
+                    self._send(sql, {**params, "ids": tuple(ids[i:i + IN_CHUNK])})
                     self.statements += 1
             case Delete(table=table, where=where):
                 conds = " AND ".join(f"{_q(c)} = {_p(c)}" for c in where)

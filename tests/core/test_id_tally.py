@@ -58,3 +58,12 @@ def test_count_and_runs_match_a_set(lo: int, n: int, bunches: list[list[int]]) -
         assert {i for s, e in runs for i in range(s, e)} == seen
         # Disjoint, sorted and never touching: the fewest runs that cover the set.
         assert all(e1 < s2 for (_, e1), (s2, _) in pairwise(runs))
+        for i in range(lo - 2, lo + n + 2):
+            assert (i in t) == (i in seen)
+
+
+@given(st.lists(st.integers(0, 40), max_size=40), st.integers(-3, 45), st.integers(-3, 45))
+def test_seen_within_counts_the_seen_ids_of_a_range(ids: list[int], lo: int, hi: int) -> None:
+    t = IdTally(0, 40)
+    t.add(ids)
+    assert t.seen_within(lo, hi) == len({i for i in ids if lo <= i < hi})

@@ -13,6 +13,8 @@ from schemas.batch import (
     BatchCreated,
     JobGroupCancelled,
     JobGroupRecord,
+    JobsSubmitted,
+    UpdateCommitted,
 )
 from schemas.control import (
     BillingLimitSet,
@@ -117,6 +119,31 @@ def test_resubmitted_bunch_and_duplicate_commit_change_nothing(
     # The same events again, at new offsets (a client retry): all idempotent.
     sink.apply(s.records(events[1:]))
     assert snapshot(engine) == before
+
+
+@pytest.mark.parametrize("cached", [True, False], ids=["cached", "read-back"])
+def test_a_bunch_resent_before_the_commit_counts_once(
+        engine: sa.Engine, sink: Sink, request: pytest.FixtureRequest, cached: bool) -> None:
+    """Jobs of an open update are known from the sink's cache when it saw the update opened,
+    and read back otherwise (a new sink: a restart); both count a resent job once."""
+    b = 20 if cached else 21
+    s = Stream(partition=b)
+
+    def apply(events: list[object]) -> None:
+        (sink if cached else Sink(engine, request.node.name)).apply(
+            s.records(events))  # type: ignore[arg-type]
+
+    created, opened = submission(b, 1, [job(1), job(2), job(3)], create=True, commit=False)[:2]
+    apply([created, opened, JobsSubmitted(batch_id=b, update_id=1, jobs=[job(1), job(2)])])
+    apply([JobsSubmitted(batch_id=b, update_id=1, jobs=[job(2), job(3)]),  # 2 again
+           JobsSubmitted(batch_id=b, update_id=1, jobs=[job(1)])])  # and 1, in one go
+    (staged,) = query(engine, "SELECT SUM(n_jobs) FROM batch_update_job_counts "
+                      "WHERE batch_id = :b", b=b)
+    assert int(staged[0]) == 3
+    apply([UpdateCommitted(batch_id=b, update_id=1, n_jobs=3, n_job_groups=0)])
+    assert counts(engine, b, 0)["n_jobs"] == 3
+    assert query(engine, "SELECT job_id FROM jobs WHERE batch_id = :b ORDER BY job_id",
+                 b=b) == [(1,), (2,), (3,)]
 
 
 def test_empty_batch_is_complete_at_commit(
