@@ -166,7 +166,11 @@ class Commands:
                             f"accrued={cost_str(accrued)} limit={cost_str(limit)}")
 
     async def _open_batch(self, batch_id: int, user: User) -> Any:
-        row = await self._db(self.store.visible_batch, batch_id, user.name)
+        return self._check_open(batch_id, await self._db(self.store.visible_batch, batch_id,
+                                                         user.name))
+
+    @staticmethod
+    def _check_open(batch_id: int, row: Any) -> Any:
         if row is None:
             raise NotFound(f"batch {batch_id} not found")
         if row.cancelled:
@@ -174,8 +178,9 @@ class Commands:
         return row
 
     async def _open_update(self, batch_id: int, update_id: int, user: User) -> Any:
-        await self._open_batch(batch_id, user)
-        update = await self._db(self.store.update, batch_id, update_id)
+        batch, update = await self._db(self.store.batch_and_update, batch_id, update_id,
+                                       user.name)
+        self._check_open(batch_id, batch)
         if update is None:
             raise NotFound(f"update {update_id} of batch {batch_id} not found")
         # The second test: committed by this process, maybe not projected yet.

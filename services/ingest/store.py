@@ -51,6 +51,14 @@ _LATEST_ATTEMPT = sa.text(
 _VISIBLE = (
     "FROM batches b JOIN billing_project_users m ON m.billing_project = b.billing_project "
     "AND m.user = :user WHERE b.id = :b AND NOT b.deleted")
+_VISIBLE_BATCH = sa.text(
+    "SELECT b.id, b.user, b.billing_project, b.token, b.attributes, b.state, b.n_jobs, "
+    "b.time_created_ms, b.time_closed_ms, b.time_completed_ms, "
+    "(SELECT COUNT(*) FROM batches_cancelled bc WHERE bc.batch_id = b.id) AS cancelled, "
+    "b.callback, b.cancel_after_n_failures " + _VISIBLE)
+_UPDATE = sa.text(
+    "SELECT update_id, token, start_job_id, n_jobs, start_job_group_id, n_job_groups, "
+    "committed FROM batch_updates WHERE batch_id = :b AND update_id = :u")
 
 
 @dataclass(eq=False)
@@ -186,17 +194,18 @@ class Store:
         return None if row is None else int(row[0])
 
     def visible_batch(self, batch_id: int, user: str) -> Any | None:
-        return self.one(
-            "SELECT b.id, b.user, b.billing_project, b.token, b.attributes, b.state, b.n_jobs, "
-            "b.time_created_ms, b.time_closed_ms, b.time_completed_ms, "
-            "(SELECT COUNT(*) FROM batches_cancelled bc WHERE bc.batch_id = b.id) AS cancelled, "
-            "b.callback, b.cancel_after_n_failures " + _VISIBLE, b=batch_id, user=user)
+        return self.one(_VISIBLE_BATCH, b=batch_id, user=user)
 
     def update(self, batch_id: int, update_id: int) -> Any | None:
-        return self.one(
-            "SELECT update_id, token, start_job_id, n_jobs, start_job_group_id, n_job_groups, "
-            "committed FROM batch_updates WHERE batch_id = :b AND update_id = :u",
-            b=batch_id, u=update_id)
+        return self.one(_UPDATE, b=batch_id, u=update_id)
+
+    def batch_and_update(self, batch_id: int, update_id: int, user: str
+                         ) -> tuple[Any | None, Any | None]:
+        """:meth:`visible_batch` and :meth:`update` on one connection (a job bunch asks both)."""
+        with self.engine.connect() as conn:
+            batch = conn.execute(_VISIBLE_BATCH, {"b": batch_id, "user": user}).first()
+            update = conn.execute(_UPDATE, {"b": batch_id, "u": update_id}).first()
+        return batch, update
 
     def update_by_token(self, batch_id: int, token: str) -> Any | None:
         return self.one(

@@ -66,4 +66,4 @@ def test_count_and_runs_match_a_set(lo: int, n: int, bunches: list[list[int]]) -
 def test_seen_within_counts_the_seen_ids_of_a_range(ids: list[int], lo: int, hi: int) -> None:
     t = IdTally(0, 40)
     t.add(ids)
-    assert t.seen_within(lo, hi) == len({i for i in ids if lo <= i < hi})
+    assert t.seen_within(lo, hi) == len({i for i in ids if lo <= i < hi and 0 <= i < 40})
