@@ -162,6 +162,8 @@ def log_env(settings: LogSettings) -> dict[str, str]:
     for var, (name, _) in _LOG_ENV.items():
         value = getattr(settings, name)
         if value is None:
+            if name == "compression":  # off, where the default is on
+                env[var] = "none"
             continue
         env[var] = ("true" if value else "false") if isinstance(value, bool) else str(value)
     return env

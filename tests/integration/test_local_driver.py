@@ -17,7 +17,14 @@ from schemas.execution import JobCompleted
 from schemas.infra import InstanceActivated
 from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, bootstrap_topics
-from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings, Settings, log_env
+from services.common.settings import (
+    TOPIC_BATCH,
+    TOPIC_SCHEDULER,
+    LogSettings,
+    Settings,
+    load_settings,
+    log_env,
+)
 from services.common.specstore import LocalSpecStore
 from services.scheduler.drivers import InstanceSpec, create_driver
 from services.scheduler.drivers.local import LocalDriver, LocalDriverOptions, reap_instances
@@ -214,4 +221,8 @@ def test_unknown_driver_kinds_and_bad_names_are_refused(tmp_path: Path) -> None:
 def test_workers_get_the_log_settings_of_the_driver() -> None:
     env = log_env(LogSettings(bootstrap_servers="h:1", topic_prefix="p-", idempotent=True))
     assert env["HS_KAFKA_BOOTSTRAP"] == "h:1" and env["HS_TOPIC_PREFIX"] == "p-"
-    assert env["HS_KAFKA_IDEMPOTENT"] == "true" and "HS_KAFKA_COMPRESSION" not in env
+    assert env["HS_KAFKA_IDEMPOTENT"] == "true" and env["HS_KAFKA_COMPRESSION"] == "zstd"
+    # What the child reads back is what the driver has, compression off included.
+    off = LogSettings(bootstrap_servers="h:1", compression=None)
+    assert log_env(off)["HS_KAFKA_COMPRESSION"] == "none"
+    assert load_settings(log_env(off)).log == off
