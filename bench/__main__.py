@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("scenarios", nargs="*",
                         help="log, ingest, execution, replay, scheduler-memory (default: all)")
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--jobs", type=int, default=1_000_000)  # the target's batch
     parser.add_argument("--exec-jobs", type=int, default=100_000)  # the target's batch
     parser.add_argument("--replay-jobs", type=int, default=100_000)  # ~300,000 events
     parser.add_argument("--sched-jobs", type=int, default=10_000_000)
