@@ -184,9 +184,9 @@ def rendered(tuples: Iterable[Iterable[object]], render: Callable[[object], str]
 class Pipeline:
     """Runs one writer's statements on a thread of its own, in order.
 
-    PyMySQL waits for the server without the GIL, so while MariaDB executes a statement the
-    caller renders the next one and folds the next events: the projector's Python and the
-    database's work overlap instead of taking turns. The connection is the caller's, used by one
+    PyMySQL waits for the server without the GIL, so while MariaDB executes a job bunch's rows
+    the caller folds the next events: the projector's Python and the database's work overlap
+    instead of taking turns. The connection is the caller's, used by one
     thread at a time: the caller touches it only after :meth:`wait` (before any read, and
     before storing offsets and committing). After a statement fails, the rest are skipped, and
     the failure is raised by the next :meth:`wait`.
@@ -236,12 +236,13 @@ class Pipeline:
 
 
 class Writer:
-    """Buffers operations and applies them on ``conn`` (inside the caller's transaction),
-    through ``pipeline`` when given (then :meth:`flush` waits for it unless told not to)."""
+    """Buffers operations and applies them on ``conn`` (inside the caller's transaction);
+    ``flush(wait=False)`` hands the statements to ``pipeline`` when given."""
 
     def __init__(self, conn: sa.Connection, pipeline: Pipeline | None = None) -> None:
         self._conn = conn
         self._pipeline = pipeline
+        self._handing_over = False
         self._literals = Literals.of(conn)
         self._pending: list[Op] = []
         self._increments = Increments()
@@ -302,12 +303,20 @@ class Writer:
     def flush(self, *, wait: bool = True) -> None:
         """Apply everything buffered. Call before reading state the buffered ops may change.
 
-        With a pipeline and ``wait=False``, the statements may still be running on return:
-        nothing may use the connection before a flush (or :meth:`sync`) that waits.
+        With a pipeline and ``wait=False``, the statements are handed to it and may still be
+        running on return: nothing may use the connection before a flush (or :meth:`sync`)
+        that waits. A flush that waits runs its own statements here, after those handed over
+        (small statements, as execution events make, cost more to hand over than to send).
         """
-        self._flush()
-        if wait:
+        if wait or self._pipeline is None:
             self.sync()
+            self._flush()
+            return
+        self._handing_over = True
+        try:
+            self._flush()
+        finally:
+            self._handing_over = False
 
     def sync(self) -> None:
         """Wait until every statement submitted ran (raising the first failure)."""
@@ -393,7 +402,7 @@ class Writer:
         the values as a placeholder. Through SQLAlchemy, not a raw cursor: its errors must be
         SQLAlchemy's, which callers classify (a deadlock or a lost server is retried; a raw
         driver error escaped every retry and stopped the replay, seen in CI)."""
-        if self._pipeline is not None:
+        if self._handing_over and self._pipeline is not None:
             self._pipeline.submit(functools.partial(
                 self._conn.exec_driver_sql, sql, execution_options=_NO_PARAMETERS))
             return
@@ -407,7 +416,7 @@ class Writer:
         self.statements += 1
 
     def _send(self, sql: str, args: list[dict[str, Any]] | dict[str, Any]) -> None:
-        if self._pipeline is not None:
+        if self._handing_over and self._pipeline is not None:
             self._pipeline.submit(functools.partial(self._conn.exec_driver_sql, sql, args))
         else:
             self._conn.exec_driver_sql(sql, args)
