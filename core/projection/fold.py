@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from typing import Final
 
 from core.projection.commit import start_of
 from core.projection.ops import Delete, InsertIgnore, Op, Row, Update, Upsert
@@ -37,6 +38,8 @@ from schemas.control import (
     UserCreated,
     UserDeleted,
 )
+
+NAME: Final = "name"  # the job attribute kept in the jobs row's own column (sql/013)
 
 
 def _json(attributes: Mapping[str, str]) -> str | None:
@@ -183,6 +186,8 @@ def fold_job_groups(event: JobGroupsSubmitted, time_ms: int,
 def fold_jobs(event: JobsSubmitted, jobs: Sequence[JobRecord] | None = None) -> list[Op]:
     """Job rows, parent edges and attributes of ``jobs`` (default: the whole bunch).
 
+    A job's name (its attribute ``name``) is a column of its row; other attributes are rows.
+
     Rows start as :func:`core.projection.commit.start_of` says and stay invisible until the
     update is committed.
     """
@@ -201,10 +206,10 @@ def fold_jobs(event: JobsSubmitted, jobs: Sequence[JobRecord] | None = None) -> 
             "memory_bytes": r.memory_bytes, "storage_gib": r.storage_gib,
             "machine_type": r.machine_type, "preemptible": r.preemptible,
             "regions": None if r.regions is None else json.dumps(r.regions),
-            "inst_coll": j.inst_coll})
+            "inst_coll": j.inst_coll, "name": j.attributes.get(NAME)})
         parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p} for p in j.parent_ids]
         attrs += [{"batch_id": b, "job_id": j.job_id, "attr_key": k, "attr_value": v}
-                  for k, v in j.attributes.items()]
+                  for k, v in j.attributes.items() if k != NAME]
     ops: list[Op] = [InsertIgnore("jobs", rows)] if rows else []
     if parents:
         ops.append(InsertIgnore("job_parents", parents))

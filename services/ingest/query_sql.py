@@ -25,6 +25,7 @@ from typing import Any, Final, TypeVar, assert_never
 
 import sqlalchemy as sa
 
+from core.projection.fold import NAME
 from core.query_ast import (
     AttributeMatch,
     BatchFilter,
@@ -80,6 +81,8 @@ _BATCH_COST: Final = (
 _JOB_ATTR: Final = (
     "SELECT 1 FROM job_attributes ja WHERE ja.batch_id = jobs.batch_id AND ja.job_id = jobs.job_id"
 )
+# A job's name is a column of its row (sql/013): job_attributes holds its other attributes.
+_NAME_KEY: Final = f"'{NAME}'"
 _BATCH_ATTR: Final = "SELECT 1 FROM batch_attributes ba WHERE ba.batch_id = batches.id"
 _ATTEMPT: Final = (
     "SELECT 1 FROM attempts a WHERE a.batch_id = jobs.batch_id AND a.job_id = jobs.job_id"
@@ -141,12 +144,19 @@ def _keyword(p: _Params, base: str, alias: str, f: KeywordMatch) -> str:
 def job_condition(f: JobFilter, p: _Params) -> str:
     """One job filter as a SQL condition over ``jobs`` (parameters go to ``p``)."""
     match f:
+        case AttributeMatch() | HasAttribute() if f.key == NAME:
+            sql = "jobs.name IS NOT NULL"
+            if isinstance(f, AttributeMatch):
+                sql += " AND " + p.match("jobs.name", f.op, f.value)
+            return _negated(sql, f.negate)
         case AttributeMatch() | HasAttribute():
             return _attribute(p, _JOB_ATTR, "ja", f)
         case KeywordMatch():
             op: MatchOp = "=" if f.exact else "=~"
             attempt = f"EXISTS ({_ATTEMPT} AND {p.match('a.instance_name', op, f.word)})"
-            return f"({_keyword(p, _JOB_ATTR, 'ja', f)} OR {attempt})"
+            name = (f"(jobs.name IS NOT NULL AND ({p.match(_NAME_KEY, op, f.word)} "
+                    f"OR {p.match('jobs.name', op, f.word)}))")
+            return f"({_keyword(p, _JOB_ATTR, 'ja', f)} OR {name} OR {attempt})"
         case TimeCompare():
             column = "a.start_time_ms" if f.field == "start_time" else "a.end_time_ms"
             return f"EXISTS ({_ATTEMPT} AND {p.compare(column, f.op, f.epoch_ms)})"
@@ -204,8 +214,7 @@ JOB_COLUMNS: Final = (
     "jobs.batch_id, jobs.job_id, jobs.job_group_id, jobs.state, jobs.exit_code, "
     "jobs.always_run, jobs.cores_mcpu, jobs.inst_coll, jobs.n_attempts, jobs.start_time_ms, "
     "jobs.end_time_ms, batches.user, batches.billing_project, "
-    "(SELECT na.attr_value FROM job_attributes na WHERE na.batch_id = jobs.batch_id "
-    "AND na.job_id = jobs.job_id AND na.attr_key = 'name') AS name, "
+    "jobs.name, "
     f"{_JOB_COST} AS cost"
 )
 

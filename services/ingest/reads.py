@@ -39,7 +39,7 @@ _GROUP_COST = ("SELECT r.resource, SUM(a.resource_usage), SUM(a.resource_usage *
                "ORDER BY r.resource")
 _JOB = (
     "SELECT j.batch_id, j.job_id, j.job_group_id, j.state, j.exit_code, j.always_run, "
-    "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.status, "
+    "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.status, j.name, "
     "j.cancelled, b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
     "WHERE j.batch_id = :b AND j.job_id = :j AND u.committed")
@@ -248,6 +248,8 @@ class Reads:
         if r is None:
             raise NotFound(f"job {batch_id}.{job_id} not found")
         attrs = {k: v for k, v in self.store.rows(_JOB_ATTRS, b=batch_id, j=job_id)}
+        if r.name is not None:  # a column of the job's row (sql/013), not an attribute row
+            attrs["name"] = r.name
         stmt, params = query_sql.cost_breakdown_query(batch_id, [job_id])
         cost_rows = [(str(c.resource), int(c.resource_usage), c.cost)
                      for c in self.store.rows(stmt, **params)]

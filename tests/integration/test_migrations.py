@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ import sqlalchemy as sa
 
 from services.common.settings import DatabaseSettings
 from sql.migrate import (
+    MIGRATIONS_DIR,
     MigrationError,
     apply_migrations,
     discover,
@@ -149,6 +151,36 @@ def test_apply_to_empty_database(empty_db: DatabaseSettings) -> None:
         ("next_offset", "bigint", None, "NO", ""),
         ("updated_at_ms", "bigint", None, "NO", ""),
     ]
+
+
+def test_job_names_move_to_the_jobs_row(empty_db: DatabaseSettings, tmp_path: Path) -> None:
+    """013 moves names projected as job_attributes rows to the jobs.name column."""
+    before = tmp_path / "before"
+    before.mkdir()
+    for m in discover():
+        if m.version < 13:
+            shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
+    apply_migrations(empty_db, before)
+    engine = sa.create_engine(empty_db.url())
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO jobs (batch_id, job_id, update_id, job_group_id, cores_mcpu, "
+                "inst_coll) VALUES (1, :j, 1, 0, 1000, 'standard')"), [{"j": 1}, {"j": 2}])
+            conn.execute(sa.text(
+                "INSERT INTO job_attributes (batch_id, job_id, attr_key, attr_value) "
+                "VALUES (1, :j, :k, :v)"),
+                [{"j": 1, "k": "name", "v": "first"}, {"j": 1, "k": "team", "v": "gen"},
+                 {"j": 2, "k": "team", "v": "other"}])
+        assert apply_migrations(empty_db) == [v for v in ALL_VERSIONS if v >= 13]
+        with engine.connect() as conn:
+            names = conn.execute(sa.text("SELECT job_id, name FROM jobs ORDER BY job_id"))
+            assert [tuple(r) for r in names] == [(1, "first"), (2, None)]
+            attrs = conn.execute(sa.text(
+                "SELECT job_id, attr_key, attr_value FROM job_attributes ORDER BY job_id"))
+            assert [tuple(r) for r in attrs] == [(1, "team", "gen"), (2, "team", "other")]
+    finally:
+        engine.dispose()
 
 
 def test_rerun_changes_nothing(migrated_db: DatabaseSettings) -> None:

@@ -140,8 +140,11 @@ def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
             {"batch_id": b, "update_id": u, "token": f"u{b}-{u}", "start_job_id": 1,
              "n_jobs": 0, "start_job_group_id": 1, "n_job_groups": 0, "committed": c,
              "time_created_ms": T0} for b, u, c in UPDATES])
-        _insert(conn, "job_attributes",
-                _rows("batch_id job_id attr_key attr_value", JOB_ATTRIBUTES))
+        # A job's name is a column of its row (sql/013), every other attribute a row.
+        _insert(conn, "job_attributes", _rows("batch_id job_id attr_key attr_value",
+                                              [a for a in JOB_ATTRIBUTES if a[2] != "name"]))
+        conn.execute(sa.text("UPDATE jobs SET name = :v WHERE batch_id = :b AND job_id = :j"),
+                     [{"b": b, "j": j, "v": v} for b, j, k, v in JOB_ATTRIBUTES if k == "name"])
         _insert(conn, "attempts", _rows(
             "batch_id job_id attempt_id instance_name start_time_ms end_time_ms", ATTEMPTS))
         _insert(conn, "resources",
@@ -210,6 +213,15 @@ JOB_CASES: list[tuple[int, str, list[int]]] = [
     (2, "name =~ %", [4]),
     (2, "name =~ _", [3]),
     (2, "gen", [1, 3]),
+    (1, "has:name", [1, 2, 3, 4, 6]),
+    (1, "!has:name", []),
+    (2, "alpha", [1]),  # a keyword matches names like any other attribute's key or value
+    (2, "amm", [3]),
+    (2, '"alpha"', [1]),
+    (2, '"alph"', []),
+    (2, '"name"', [1, 2, 3, 4, 6]),
+    (2, "nam", [1, 2, 3, 4, 6]),
+    (1, "!name=alpha has:team", [3]),
     (2, '"gen"', [1]),
     (2, "team", [1, 3]),
     (2, "inst-c", [3]),
@@ -254,6 +266,15 @@ def test_job_row_columns(engine: sa.Engine) -> None:
     assert (row["user"], row["billing_project"], row["state"]) == ("alice", "p1", "Failed")
     assert row["cost"] == 5
     assert row["exit_code"] == 1
+
+
+def test_jobs_without_a_name(engine: sa.Engine) -> None:
+    assert _job_ids(engine, "has:name", 1, batch_id=1) == []
+    assert _job_ids(engine, "!has:name", 1, batch_id=1, last_job_id=50) == [51, 53, 54, 55]
+    assert _job_ids(engine, "name", 2, batch_id=1) == []
+    sql, params = job_list_query(1, 0, recursive=True, filters=[], last_job_id=50)
+    with engine.connect() as conn:
+        assert {row["name"] for row in conn.execute(sql, params).mappings()} == {None}
 
 
 def test_jobs_of_deleted_batches_are_invisible(engine: sa.Engine) -> None:
