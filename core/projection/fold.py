@@ -191,25 +191,30 @@ def fold_jobs(event: JobsSubmitted, jobs: Sequence[JobRecord] | None = None) -> 
     Rows start as :func:`core.projection.commit.start_of` says and stay invisible until the
     update is committed.
     """
-    b = event.batch_id
+    b, u = event.batch_id, event.update_id
     rows: list[Row] = []
     parents: list[Row] = []
     attrs: list[Row] = []
     for j in event.jobs if jobs is None else jobs:
         r = j.resources
         state, n_pending = start_of(j.parent_ids)
+        attributes = j.attributes
         rows.append({
-            "batch_id": b, "job_id": j.job_id, "update_id": event.update_id,
+            "batch_id": b, "job_id": j.job_id, "update_id": u,
             "job_group_id": j.job_group_id, "state": state, "n_pending_parents": n_pending,
             "always_run": j.always_run,
             "n_max_attempts": j.n_max_attempts, "cores_mcpu": r.cores_mcpu,
             "memory_bytes": r.memory_bytes, "storage_gib": r.storage_gib,
             "machine_type": r.machine_type, "preemptible": r.preemptible,
             "regions": None if r.regions is None else json.dumps(r.regions),
-            "inst_coll": j.inst_coll, "name": j.attributes.get(NAME)})
-        parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p} for p in j.parent_ids]
-        attrs += [{"batch_id": b, "job_id": j.job_id, "attr_key": k, "attr_value": v}
-                  for k, v in j.attributes.items() if k != NAME]
+            "inst_coll": j.inst_coll, "name": attributes.get(NAME)})
+        # Most jobs have no parents and no attribute but their name: no rows, no loops.
+        if j.parent_ids:
+            parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p}
+                        for p in j.parent_ids]
+        if len(attributes) > (NAME in attributes):
+            attrs += [{"batch_id": b, "job_id": j.job_id, "attr_key": k, "attr_value": v}
+                      for k, v in attributes.items() if k != NAME]
     ops: list[Op] = [InsertIgnore("jobs", rows)] if rows else []
     if parents:
         ops.append(InsertIgnore("job_parents", parents))

