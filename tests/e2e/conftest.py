@@ -106,9 +106,20 @@ class System:
                 positions = await pub.publish_many(events)
             from services.common.settings import projector_consumer
 
-            assert await Store(self.engine, projector_consumer(self.log)).wait_applied(
-                positions, timeout_s=60)
+            if not await Store(self.engine, projector_consumer(self.log)).wait_applied(
+                    positions, timeout_s=60):
+                raise AssertionError(
+                    f"the projector did not apply {positions} within 60 s; its log ends:\n"
+                    f"{_tail(self.tmp / 'projector.log')}")
         asyncio.run(go())
+
+
+def _tail(path: Path, n: int = 60) -> str:
+    """The last ``n`` lines of a service's log (what a failure report needs)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError as e:
+        return f"(no log: {e})"
 
 
 def get_json(system: System, path: str) -> Any:

@@ -39,6 +39,17 @@ class Projector:
             self.proc = subprocess.Popen([sys.executable, "-m", "services.projector"],
                                          env=self.env, cwd=REPO, stdout=out, stderr=out)
 
+    def exit_code(self, timeout: float) -> int:
+        """The process's exit code, once it exits; fails with the end of its log if it has
+        not within ``timeout`` seconds."""
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            lines = self.logfile.read_text(errors="replace").splitlines()[-60:]
+            raise AssertionError(f"the projector did not exit within {timeout} s; its log "
+                                 "ends:\n" + "\n".join(lines)) from None
+
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -111,13 +122,12 @@ async def test_a_record_it_cannot_apply_stops_the_projector_before_anything_afte
             for partition in range(4):  # whichever partition batch 102 lands on
                 await producer.send_and_wait(topic, b"not an envelope", partition=partition)
             await pub.publish_many(submission(102, 1, [job(1)], create=True))
-        assert projector.proc is not None
-        assert projector.proc.wait(timeout=60) != 0
+        assert projector.exit_code(timeout=60) != 0
         assert query(engine, MINE) == [(101,)]
         assert "stopped at a record that is not an event: " \
             f"{log_settings.topic(BATCH)}[" in projector.logfile.read_text()
         projector.start()  # a restart stops at the same record: it never skips it
-        assert projector.proc.wait(timeout=60) != 0
+        assert projector.exit_code(timeout=60) != 0
         assert query(engine, MINE) == [(101,)]
     finally:
         await producer.stop()
