@@ -31,8 +31,12 @@ InstanceLossReason = Literal["preempted", "instance_lost", "delivery_failed", "d
 """Why an attempt ended without the worker reporting completion."""
 
 
+# gc=False on every event and record struct: they are frozen trees of values and can never be
+# part of a reference cycle, so the cyclic collector need not track them. A decoded bunch of
+# 1,024 jobs was ~4,000 tracked objects, and the collections they set off were half of the
+# projector's decoding time (measured with py-spy --native); untracked, one list per job is left.
 class Event(
-    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True
+    msgspec.Struct, frozen=True, kw_only=True, tag_field="type", omit_defaults=True, gc=False
 ):
     """Base of every event: a fact or a request, recorded on the log.
 
@@ -59,7 +63,7 @@ class BatchEvent(Event, frozen=True, kw_only=True):
         return str(self.batch_id)
 
 
-class AttemptResource(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class AttemptResource(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One billed resource of an attempt: ``quantity`` of ``resource`` per millisecond.
 
     Units follow the reference: compute and service fee in mCPU, memory in MiB, disk and IP fee
@@ -70,7 +74,7 @@ class AttemptResource(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     quantity: int
 
 
-class JobResources(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class JobResources(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """What a job asks of an instance, normalised from its spec at submission."""
 
     cores_mcpu: int

@@ -42,7 +42,7 @@ class UpdateOpened(BatchEvent, frozen=True, kw_only=True, tag="batch.update_open
     start_job_group_id: int
 
 
-class JobGroupRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class JobGroupRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One job group of a bunch, with absolute ids. The root group of a batch is 0."""
 
     job_group_id: int
@@ -59,7 +59,7 @@ class JobGroupsSubmitted(BatchEvent, frozen=True, kw_only=True, tag="batch.job_g
     job_groups: list[JobGroupRecord]
 
 
-class JobRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class JobRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One job of a bunch, with absolute ids and what scheduling needs already extracted.
 
     ``spec`` is the job's spec as the client sent it (JSON text), kept verbatim for the API.

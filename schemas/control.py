@@ -135,7 +135,7 @@ class ServiceFreezeSet(ControlEvent, frozen=True, kw_only=True, tag="service.fre
         return "service"
 
 
-class WaitingReason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class WaitingReason(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """Why the ready jobs of one (user, inst_coll) queue, or one ready job, are not scheduled.
 
     Without ``batch_id``/``job_id`` the entry is the queue's; with them, one job's (the first

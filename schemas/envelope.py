@@ -13,7 +13,7 @@ import msgspec
 from schemas.events import AnyEvent, tag_of
 
 
-class Envelope(msgspec.Struct, frozen=True, kw_only=True):
+class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """An event with its metadata. Construct it with :func:`wrap`."""
 
     event_id: str

@@ -31,7 +31,7 @@ class JobScheduled(BatchEvent, frozen=True, kw_only=True, tag="job.scheduled"):
     """What the attempt is billed for, per ms of runtime, at the rates' latest versions."""
 
 
-class ScheduledAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class ScheduledAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One attempt of a :class:`JobsScheduled` bunch: the fields of its own SJ."""
 
     job_id: int
@@ -102,7 +102,7 @@ class JobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
     start_reported: bool = True
 
 
-class CompletedAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+class CompletedAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One attempt of a :class:`JobsCompleted` bunch: the fields of its own MJC."""
 
     job_id: int
