@@ -29,24 +29,27 @@ from core.specs import MAX_BUNCH_SIZE
 from schemas.batch import JobRecord
 
 
-class _Docker(msgspec.Struct, forbid_unknown_fields=True):
+# gc=False: these structs are trees of values decoded from a body (no cycles), so the cyclic
+# collector need not track the thousands a bunch makes (see schemas/base.py).
+class _Docker(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     type: Literal["docker"]
     image: str
     command: list[str]
     mount_docker_socket: bool | None = None
 
 
-class _EnvVar(msgspec.Struct, forbid_unknown_fields=True):
+class _EnvVar(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     name: str
     value: str
 
 
-class _File(msgspec.Struct, forbid_unknown_fields=True, rename={"source": "from"}):
+class _File(msgspec.Struct, forbid_unknown_fields=True, gc=False,
+            rename={"source": "from"}):
     source: str
     to: str
 
 
-class _Spec(msgspec.Struct, forbid_unknown_fields=True):
+class _Spec(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     """The keys of an ordinary job spec; a null counts as absent, as in the checks."""
 
     job_id: int
