@@ -74,11 +74,31 @@ def _common(settings: LogSettings) -> dict[str, Any]:
             "request_timeout_ms": settings.request_timeout_ms}
 
 
+TOPICS_READY_TIMEOUT_S = 30.0
+"""How long :func:`bootstrap_topics` waits for topics it created to be usable."""
+
+
+def unready_topics(described: Iterable[Mapping[str, Any]], partitions: int) -> list[str]:
+    """The topics of a DescribeTopics answer that are not usable yet: an error (not known to
+    the broker answering, say), fewer than ``partitions`` partitions, or one with no leader."""
+    out = []
+    for d in described:
+        parts = d.get("partitions") or []
+        if (d.get("error_code") or len(parts) < partitions
+                or any(p.get("error_code") or p.get("leader", -1) < 0 for p in parts)):
+            out.append(str(d.get("topic")))
+    return out
+
+
 async def bootstrap_topics(settings: LogSettings, topics: Iterable[str] = ALL_TOPICS) -> list[str]:
-    """Create the (logical) ``topics`` that do not exist yet; return those created.
+    """Create the (logical) ``topics`` that do not exist yet; return those created, once every
+    partition of each has a leader.
 
     Existing topics are left as they are: changing a topic's partition count would move keys
-    between partitions and break per-batch ordering.
+    between partitions and break per-batch ordering. Kafka answers CreateTopics before every
+    broker knows the new topics; a consumer that subscribed meanwhile could be assigned none of
+    their partitions until its next metadata refresh (minutes), so this waits (bounded by
+    :data:`TOPICS_READY_TIMEOUT_S`) until the topics are described whole.
     """
     admin = AIOKafkaAdminClient(**_common(settings))
     await admin.start()
@@ -93,6 +113,15 @@ async def bootstrap_topics(settings: LogSettings, topics: Iterable[str] = ALL_TO
                     NewTopic(t, settings.partitions, settings.replication_factor)
                     for t in missing
                 ])
+            deadline = time.monotonic() + TOPICS_READY_TIMEOUT_S
+            while unready := unready_topics(await admin.describe_topics(missing),
+                                            settings.partitions):
+                if time.monotonic() > deadline:
+                    raise LogError(f"topics {unready} were created but are not whole after "
+                                   f"{TOPICS_READY_TIMEOUT_S:g} s (an error, fewer than "
+                                   f"{settings.partitions} partitions, or a partition without "
+                                   "a leader)", retryable=True)
+                await asyncio.sleep(0.1)
         return missing
     except KafkaError as e:
         raise _classify(e, "bootstrapping topics") from e

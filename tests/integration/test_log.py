@@ -19,6 +19,7 @@ from services.common.log import (
     bootstrap_topics,
     high_watermarks,
     partitions_of,
+    unready_topics,
 )
 from services.common.offsets import MySQLOffsetStore
 from services.common.settings import ALL_TOPICS, TOPIC_BATCH, DatabaseSettings, LogSettings
@@ -51,6 +52,35 @@ async def test_bootstrap_creates_topics_once(log_settings: LogSettings) -> None:
     assert sorted(created) == sorted(log_settings.topic(t) for t in ALL_TOPICS)
     assert await partitions_of(log_settings, TOPIC_BATCH) == [0, 1, 2, 3]
     assert await bootstrap_topics(log_settings) == []
+
+
+def _described(topic: str, leaders: list[int], error_code: int = 0) -> dict[str, object]:
+    return {"topic": topic, "error_code": error_code, "partitions": [
+        {"partition": i, "leader": leader, "error_code": 0} for i, leader in enumerate(leaders)]}
+
+
+def test_a_topic_is_ready_once_every_partition_has_a_leader() -> None:
+    assert unready_topics([_described("a", [1, 1, 2, 1])], 4) == []
+    assert unready_topics([_described("a", [1, 1, 2, 1, 1])], 4) == []  # made bigger elsewhere
+    assert unready_topics([_described("a", [1, -1, 2, 1]), _described("b", [1] * 4)], 4) == ["a"]
+    assert unready_topics([_described("a", [1, 1])], 4) == ["a"]
+    assert unready_topics([_described("a", [], error_code=3)], 4) == ["a"]
+    part_error = _described("a", [1] * 4)
+    part_error["partitions"][0]["error_code"] = 5  # type: ignore[index]
+    assert unready_topics([part_error], 4) == ["a"]
+
+
+async def test_bootstrapped_topics_are_described_whole(log_settings: LogSettings) -> None:
+    """Once bootstrap returns, every created topic has all its partitions, each with a leader."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    created = await bootstrap_topics(log_settings)
+    admin = AIOKafkaAdminClient(bootstrap_servers=log_settings.bootstrap_servers)
+    await admin.start()
+    try:
+        assert unready_topics(await admin.describe_topics(created), 4) == []
+    finally:
+        await admin.close()
 
 
 async def test_publish_returns_position_and_keeps_key_in_one_partition(
