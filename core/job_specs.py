@@ -371,7 +371,7 @@ def records_of(
     normalized: dict[bytes, tuple[JobResources, str]] = {}
     for i, (v, job_id) in enumerate(zip(views, absolute_ids, strict=True)):
         parent_ids = _parents(v, job_id, start_job_id)
-        group_id = _job_group(f"jobs[{i}]", v, job_id, start_job_group_id, n_job_groups)
+        group_id = _job_group(i, v, job_id, start_job_group_id, n_job_groups)
         if group_id != ROOT_JOB_GROUP_ID and not known_group(group_id):
             raise BadRequest(f"job {job_id}: job group {group_id} does not exist")
         if v.jvm:
@@ -424,8 +424,9 @@ def _parents(v: SpecView, job_id: int, start_job_id: int) -> list[int]:
 
 
 def _job_group(
-    name: str, v: SpecView, job_id: int, start_job_group_id: int, n_job_groups: int
+    i: int, v: SpecView, job_id: int, start_job_group_id: int, n_job_groups: int
 ) -> int:
+    """The absolute group of the bunch's ``i``-th job."""
     if v.in_update_job_group_id is not None:
         group = v.in_update_job_group_id
         if group == 0 and start_job_group_id == 1:
@@ -433,7 +434,7 @@ def _job_group(
         if 1 <= group <= n_job_groups:
             return resolve_in_update_id(group, start_job_group_id)
         raise BadRequest(
-            f"{name}.in_update_job_group_id {group} of job {job_id} is out of range"
+            f"jobs[{i}].in_update_job_group_id {group} of job {job_id} is out of range"
         )
     group = ROOT_JOB_GROUP_ID if v.absolute_job_group_id is None else v.absolute_job_group_id
     if group < 0:
