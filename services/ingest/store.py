@@ -79,6 +79,9 @@ class Store:
         self._waiters: set[_Waiter] = set()
         self._poller: asyncio.Task[None] | None = None
         self._poll_conn: sa.Connection | None = None
+        # The highest applied offset each poll saw, per (topic, partition): a lower bound of
+        # the projector's progress, which only moves forward while this process runs.
+        self._seen: dict[tuple[str, int], int] = {}
 
     def rows(self, sql: sa.TextClause | str, **params: Any) -> Sequence[Any]:
         stmt = sa.text(sql) if isinstance(sql, str) else sql
@@ -131,16 +134,18 @@ class Store:
                            timeout_s: float = 15.0, slack: int = 0) -> bool:
         """Wait until the projector has applied every position (bounded); False on timeout.
 
-        With ``slack``, until it is at most that many records of each partition short of them.
-        Every waiting request shares one poller (one query per poll, however many wait); a
-        database error while polling fails every waiter with it.
+        With ``slack``, until it is at most that many records of each partition short of them;
+        such a wait (pacing, not read-your-writes) ends at once when an earlier poll already saw
+        the projector that far, with no query. Every waiting request shares one poller (one
+        query per poll, however many wait); a database error while polling fails every waiter
+        with it.
         """
         last: dict[tuple[str, int], int] = {}
         for p in positions:
             last[(p.topic, p.partition)] = max(last.get((p.topic, p.partition), -1),
                                                p.offset - slack)
         last = {k: v for k, v in last.items() if v >= 0}
-        if not last:
+        if not last or (slack and self._reached(self._seen, last)):
             return True
         waiter = _Waiter(last, asyncio.get_running_loop().create_future())
         self._waiters.add(waiter)
@@ -152,6 +157,10 @@ class Store:
             return False
         finally:
             self._waiters.discard(waiter)
+
+    @staticmethod
+    def _reached(applied: dict[tuple[str, int], int], last: dict[tuple[str, int], int]) -> bool:
+        return all(applied.get(k, -1) > offset for k, offset in last.items())
 
     async def _poll(self) -> None:
         """Poll while anyone waits: soon after a wait ends (the projector is applying), then
@@ -170,10 +179,12 @@ class Store:
                             if not w.done.done():
                                 w.done.set_exception(e)
                         continue
+                    for k, offset in applied.items():
+                        if offset > self._seen.get(k, -1):
+                            self._seen[k] = offset
                     reached = False
                     for w in self._waiters:
-                        if not w.done.done() and all(applied.get(k, -1) > offset
-                                                     for k, offset in w.last.items()):
+                        if not w.done.done() and self._reached(applied, w.last):
                             w.done.set_result(True)
                             reached = True
                     delay = POLL_FIRST_S if reached else min(delay * 1.5, POLL_MAX_S)

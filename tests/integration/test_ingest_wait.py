@@ -115,3 +115,34 @@ async def test_with_slack_a_wait_ends_that_many_records_short(engine: sa.Engine)
     assert await store.wait_applied([LogPosition("batch", 1, 10)], timeout_s=5, slack=3)
     # a slack beyond the offset: nothing to wait for, not even a first poll
     assert await store.wait_applied([LogPosition("control", 0, 2)], timeout_s=0.01, slack=3)
+
+
+async def test_a_slack_wait_that_an_earlier_poll_covers_ends_without_a_query(
+        engine: sa.Engine) -> None:
+    store = Store(engine, CONSUMER)
+    await asyncio.to_thread(_apply, engine, "batch", 0, 20)  # offsets 0..19 applied
+    assert await store.wait_applied([LogPosition("batch", 0, 19)], timeout_s=5)
+    polls = 0
+    applied_offsets = store.applied_offsets
+
+    def counted() -> dict[tuple[str, int], int]:
+        nonlocal polls
+        polls += 1
+        return applied_offsets()
+
+    store.applied_offsets = counted  # type: ignore[method-assign]
+    # The projector's progress seen before is a lower bound: pacing waits within it end at
+    # once, and the database is not asked.
+    assert await store.wait_applied([LogPosition("batch", 0, 22)], timeout_s=5, slack=3)
+    assert await store.wait_applied([LogPosition("batch", 0, 25)], timeout_s=0.01, slack=10)
+    assert polls == 0
+    # Beyond what was seen, the wait polls (and sees the projector further on).
+    await asyncio.to_thread(_apply, engine, "batch", 0, 40)
+    assert await store.wait_applied([LogPosition("batch", 0, 30)], timeout_s=5, slack=3)
+    assert polls >= 1
+    before = polls
+    assert await store.wait_applied([LogPosition("batch", 0, 42)], timeout_s=5, slack=3)
+    assert polls == before
+    # A read-your-writes wait (no slack) always asks: a rebuilt projection may be behind.
+    assert await store.wait_applied([LogPosition("batch", 0, 5)], timeout_s=5)
+    assert polls == before + 1
