@@ -16,3 +16,16 @@ def test_an_unknown_codec_is_named_in_the_error() -> None:
     with pytest.raises(ValueError, match="HS_KAFKA_COMPRESSION: expected one of none, gzip, "
                                          "snappy, lz4, zstd; got 'brotli'"):
         load_settings({"HS_KAFKA_COMPRESSION": "brotli"})
+
+
+def test_ingest_sends_at_once_unless_told_to_linger() -> None:
+    from services.ingest.__main__ import publisher_settings
+
+    shared = load_settings({"HS_KAFKA_LINGER_MS": "7"}).log
+    assert shared.linger_ms == 7  # the other services' producers
+    assert publisher_settings(shared, {}).linger_ms == 0
+    assert publisher_settings(shared, {"HS_INGEST_LINGER_MS": "3"}).linger_ms == 3
+    assert publisher_settings(shared, {"HS_INGEST_LINGER_MS": "3"}).compression == "zstd"
+    with pytest.raises(ValueError, match="HS_INGEST_LINGER_MS: expected whole milliseconds; "
+                                         "got 'soon'"):
+        publisher_settings(shared, {"HS_INGEST_LINGER_MS": "soon"})
