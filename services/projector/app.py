@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -64,6 +64,14 @@ commit) is paid for more jobs at once: in a 30k no-op run, 40 ms took the projec
 submission, a commit, a cancel: writes whose clients wait for them, read-your-writes) is
 applied at once, so those waits stay as short as :data:`BATCH_WITHIN_S` makes them."""
 
+MAX_TRANSACTION_BYTES = 16 * 1024 * 1024
+"""Bytes of records (as the log holds them, uncompressed) one transaction applies at most: a
+batch of events past it is applied in several transactions, in order. A projector that fell
+behind a big submission took up to 277 job bunches (283k jobs) in one transaction: 880 MB of
+memory and nearly 5 s before the applied offsets moved, which paced ingest's answers in jumps.
+16 MiB is about 40 bunches of the official client's 1,024 no-op jobs; execution events are a
+few hundred bytes, so their batches (at most :data:`BATCH_SIZE` events) are never split."""
+
 UNAWAITED: tuple[type, ...] = (JobScheduled, JobsScheduled, JobStarted, JobCompleted,
                                JobsCompleted, AttemptHeartbeat)
 """Events no client waits to see applied: the scheduler's and the workers' reports."""
@@ -101,6 +109,21 @@ def execution_linger_s(env: Mapping[str, str]) -> float:
     """The linger :data:`EXECUTION_LINGER_ENV` asks for, in seconds (default
     :data:`EXECUTION_LINGER_S`); ValueError, saying why, for a value that is not 0-5000 ms."""
     return _milliseconds(env, EXECUTION_LINGER_ENV, EXECUTION_LINGER_S)
+
+
+def transactions(events: Sequence[Any], max_bytes: int = MAX_TRANSACTION_BYTES
+                 ) -> Iterator[Sequence[Any]]:
+    """``events`` (faust events of raw records) in order, cut into runs of at most
+    ``max_bytes`` of record values; a record bigger than that is a run of its own."""
+    start, size = 0, 0
+    for i, ev in enumerate(events):
+        n = len(ev.message.value or b"")
+        if i > start and size + n > max_bytes:
+            yield events[start:i]
+            start, size = i, 0
+        size += n
+    if start < len(events):
+        yield events[start:]
 
 
 def _records(events: Iterable[Any], logical: dict[str, str]
@@ -191,19 +214,23 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
         # take_events exists on faust-streaming's Stream but not on its StreamT protocol.
         batches = stream.take_events(BATCH_SIZE, within=within_s)  # type: ignore[attr-defined]
         async for events in batches:
-            records, undecodable = _records(events, logical)
-            if linger_s > 0 and undecodable is None and lingers(records):
-                # Events queue in the stream meanwhile: the next batch takes them all.
-                await asyncio.sleep(linger_s)
-            started = time.perf_counter()
-            applied = await apply_with_retry(sink, records)
-            metrics.observe(applied, time.perf_counter() - started)
-            log.debug("applied %d/%d records in %d statements", applied.fresh,
-                      applied.records, applied.statements)
-            if undecodable is not None:
-                log.critical("projector stopped at a record that is not an event: %s",
-                             undecodable)
-                raise undecodable
+            for part in transactions(events):
+                await apply_part(part)
+
+    async def apply_part(events: Sequence[Any]) -> None:
+        records, undecodable = _records(events, logical)
+        if linger_s > 0 and undecodable is None and lingers(records):
+            # Events queue in the stream meanwhile: the next batch takes them all.
+            await asyncio.sleep(linger_s)
+        started = time.perf_counter()
+        applied = await apply_with_retry(sink, records)
+        metrics.observe(applied, time.perf_counter() - started)
+        log.debug("applied %d/%d records in %d statements", applied.fresh,
+                  applied.records, applied.statements)
+        if undecodable is not None:
+            log.critical("projector stopped at a record that is not an event: %s",
+                         undecodable)
+            raise undecodable
 
     # An agent that raised must not be restarted: faust acked its batch, so a new agent would
     # go on after it and the projection would silently miss those records. The process exits

@@ -3,7 +3,12 @@ when out of range; which batches linger."""
 
 from __future__ import annotations
 
+import itertools
+from types import SimpleNamespace
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas import samples
 from schemas.batch import JobsSubmitted
@@ -27,6 +32,7 @@ from services.projector.app import (
     batch_within_s,
     execution_linger_s,
     lingers,
+    transactions,
 )
 
 
@@ -76,3 +82,25 @@ def test_only_batches_of_execution_reports_linger() -> None:
         assert not lingers(_records([reports[0], other])), type(other).__name__
     # A full batch is big enough already.
     assert not lingers(_records(reports[:1] * BATCH_SIZE))
+
+
+def _event(i: int, size: int) -> SimpleNamespace:
+    return SimpleNamespace(i=i, message=SimpleNamespace(value=b"x" * size))
+
+
+@given(st.lists(st.integers(0, 40), max_size=30), st.integers(1, 60))
+def test_a_batch_is_applied_in_runs_of_bounded_bytes_in_order(sizes: list[int],
+                                                              max_bytes: int) -> None:
+    events = [_event(i, n) for i, n in enumerate(sizes)]
+    runs = list(transactions(events, max_bytes))
+    assert [e.i for run in runs for e in run] == list(range(len(sizes)))  # all, in order
+    assert all(runs)
+    for run in runs:
+        size = sum(len(e.message.value) for e in run)
+        assert size <= max_bytes or len(run) == 1  # a record bigger than the bound: alone
+    for run, after in itertools.pairwise(runs):  # each run is as long as it may be
+        assert sum(len(e.message.value) for e in [*run, after[0]]) > max_bytes
+
+
+def test_execution_batches_are_not_split() -> None:
+    assert len(list(transactions([_event(i, 400) for i in range(BATCH_SIZE)]))) == 1
