@@ -51,7 +51,7 @@ from schemas.batch import (
     BatchCreated,
     JobGroupCancelled,
     JobGroupsSubmitted,
-    JobsSubmitted,
+    JobHeadsSubmitted,
     UpdateCommitted,
 )
 from schemas.envelope import Envelope
@@ -229,7 +229,7 @@ class SchedulerState:
                         sys.intern(event.user), failure_limits={} if limit is None else {0: limit})
             case JobGroupsSubmitted():
                 self._groups(event)
-            case JobsSubmitted():
+            case JobHeadsSubmitted():
                 self._hold(event)
             case UpdateCommitted():
                 self._commit(event.batch_id, event.update_id)
@@ -293,7 +293,7 @@ class SchedulerState:
             if reason is not None:  # ingest refuses this; a race must not revive the group
                 batch.cancelled_groups.setdefault(g.job_group_id, reason)
 
-    def _hold(self, event: JobsSubmitted) -> None:
+    def _hold(self, event: JobHeadsSubmitted) -> None:
         batch = self.batches.get(event.batch_id)
         if batch is None or event.update_id in batch.committed_updates:
             return

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from schemas.envelope import Envelope
+from schemas.envelope import Envelope, HeadsEnvelope
 from schemas.events import CURRENT_VERSIONS
 from schemas.upcast import UPCASTERS, Upcaster, upcast
 
@@ -23,6 +23,8 @@ _json_encoder = msgspec.json.Encoder(decimal_format="string")
 _msgpack_encoder = msgspec.msgpack.Encoder(decimal_format="string")
 _json_decoder = msgspec.json.Decoder(Envelope)
 _msgpack_decoder = msgspec.msgpack.Decoder(Envelope)
+_json_heads = msgspec.json.Decoder(HeadsEnvelope)
+_msgpack_heads = msgspec.msgpack.Decoder(HeadsEnvelope)
 _json_any = msgspec.json.Decoder()
 _msgpack_any = msgspec.msgpack.Decoder()
 
@@ -55,23 +57,31 @@ def detect(data: bytes) -> Format:
     raise DecodeError(f"not an envelope: first byte 0x{first:02x}")
 
 
-def decode(data: bytes, upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS) -> Envelope:
+def decode(data: bytes, upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS, *,
+           heads: bool = False) -> Envelope:
     """Decode an envelope from JSON or msgpack, upcasting old schema versions.
 
     The fast path is one typed decode. Only an envelope written with an older schema version
     (or one whose old shape fails the typed decode) takes the slow path through plain dicts.
+    With ``heads``, a :class:`HeadsEnvelope`: a bunch of jobs comes without its specs (skipped
+    by the decoder, never made).
 
     Raises:
         DecodeError: the bytes are not an envelope of a known event and version.
 
     """
     fmt = detect(data)
+    decoder: msgspec.msgpack.Decoder[Any] | msgspec.json.Decoder[Any]
+    if heads:
+        decoder = _msgpack_heads if fmt == "msgpack" else _json_heads
+    else:
+        decoder = _msgpack_decoder if fmt == "msgpack" else _json_decoder
     try:
-        env = (_msgpack_decoder if fmt == "msgpack" else _json_decoder).decode(data)
+        env: Envelope = decoder.decode(data)
     except (msgspec.ValidationError, ValueError) as typed_error:
-        return _decode_slow(data, fmt, upcasters, typed_error)
+        return _decode_slow(data, fmt, upcasters, typed_error, heads)
     if env.schema_version != CURRENT_VERSIONS[env.tag]:
-        return _decode_slow(data, fmt, upcasters, None)
+        return _decode_slow(data, fmt, upcasters, None, heads)
     return env
 
 
@@ -80,6 +90,7 @@ def _decode_slow(
     fmt: Format,
     upcasters: Mapping[tuple[str, int], Upcaster],
     typed_error: Exception | None,
+    heads: bool = False,
 ) -> Envelope:
     try:
         raw: Any = (_msgpack_any if fmt == "msgpack" else _json_any).decode(data)
@@ -98,6 +109,6 @@ def _decode_slow(
     try:
         raw["event"] = upcast(tag, version, raw["event"], current, upcasters)
         raw["schema_version"] = current
-        return msgspec.convert(raw, Envelope, strict=False)
+        return msgspec.convert(raw, HeadsEnvelope if heads else Envelope, strict=False)
     except (msgspec.ValidationError, ValueError) as e:
         raise DecodeError(f"invalid {tag!r} envelope (version {version}): {e}") from None

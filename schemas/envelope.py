@@ -8,9 +8,12 @@ are not fenced).
 
 from __future__ import annotations
 
+from typing import Union
+
 import msgspec
 
-from schemas.events import AnyEvent, tag_of
+from schemas.batch import JobHeadsSubmitted, JobsSubmitted
+from schemas.events import EVENT_TYPES, AnyEvent, tag_of
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -40,6 +43,20 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     def topic(self) -> str:
         """The logical topic of the event."""
         return self.event.topic
+
+
+_HeadsEvent = Union[tuple(  # type: ignore[valid-type]  # noqa: UP007
+    JobHeadsSubmitted if t is JobsSubmitted else t for t in EVENT_TYPES)]
+
+
+class HeadsEnvelope(Envelope, frozen=True, kw_only=True, gc=False):
+    """An envelope as the projector and the scheduler decode it.
+
+    A bunch of jobs is a :class:`JobHeadsSubmitted` (no specs); every other event is as in
+    :class:`Envelope`.
+    """
+
+    event: _HeadsEvent  # type: ignore[valid-type]
 
 
 def wrap(event: AnyEvent, *, event_id: str, time_ms: int, producer_epoch: int = 0) -> Envelope:

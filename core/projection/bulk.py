@@ -40,7 +40,13 @@ from core.projection.fold import fold_batch_created, fold_jobs, fold_update_open
 from core.projection.instances import MINUTE_MS, rate_kinds
 from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
 from schemas.base import AttemptResource, BatchEvent, JobState
-from schemas.batch import BatchCreated, JobsSubmitted, UpdateCommitted, UpdateOpened
+from schemas.batch import (
+    BatchCreated,
+    JobHeadsSubmitted,
+    JobsSubmitted,
+    UpdateCommitted,
+    UpdateOpened,
+)
 from schemas.execution import (
     AttemptHeartbeat,
     JobCompleted,
@@ -131,7 +137,7 @@ class _Fold:
         self.ops += ops
         return True
 
-    def submitted(self, event: JobsSubmitted) -> bool:
+    def submitted(self, event: JobHeadsSubmitted) -> bool:
         if self.update is None or event.update_id != self.update.update_id:
             return False
         if self.committed:
@@ -409,9 +415,10 @@ def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
     created, time_ms = events[0]
     assert isinstance(created, BatchCreated)
     fold = _Fold(created, time_ms, token)
-    # By exact type, as the schemas' event classes are final: one dict lookup per event.
+    # By exact type (a bunch is either class: see JobHeadsSubmitted): one lookup per event.
     step: dict[type, Callable[[Any, int], bool]] = {
         UpdateOpened: fold.opened, JobsSubmitted: lambda e, _: fold.submitted(e),
+        JobHeadsSubmitted: lambda e, _: fold.submitted(e),
         UpdateCommitted: fold.commit, JobScheduled: fold.start, JobStarted: fold.start,
         JobsScheduled: lambda e, t: all(fold.start(sj, t) for sj in e.expand()),
         JobCompleted: fold.completed, AttemptHeartbeat: fold.heartbeat,

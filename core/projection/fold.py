@@ -18,8 +18,8 @@ from schemas.batch import (
     BatchCreated,
     BatchDeleted,
     JobGroupsSubmitted,
-    JobRecord,
-    JobsSubmitted,
+    JobHead,
+    JobHeadsSubmitted,
     UpdateOpened,
 )
 from schemas.control import (
@@ -183,7 +183,7 @@ def fold_job_groups(event: JobGroupsSubmitted, time_ms: int,
     return ops
 
 
-def fold_jobs(event: JobsSubmitted, jobs: Sequence[JobRecord] | None = None) -> list[Op]:
+def fold_jobs(event: JobHeadsSubmitted, jobs: Sequence[JobHead] | None = None) -> list[Op]:
     """Job rows, parent edges and attributes of ``jobs`` (default: the whole bunch).
 
     A job's name (its attribute ``name``) is a column of its row; other attributes are rows.

@@ -400,6 +400,6 @@ def retry_deadlocks(transaction: Callable[[], T], attempts: int = 12) -> T:
 
 def decode_record(span: Span, offset: int, value: bytes) -> Envelope:
     try:
-        return codec.decode(value)
+        return codec.decode(value, heads=True)  # the projection reads no spec
     except codec.DecodeError as e:
         raise codec.DecodeError(f"{span.label}@{offset}: {e}") from None

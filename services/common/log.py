@@ -267,6 +267,8 @@ class ConsumerOptions:
     """Share partitions with other members of the group; otherwise read every partition."""
     max_records: int = 2000
     fetch_timeout_ms: int = 200
+    heads: bool = False
+    """Decode bunches of jobs without their specs (``codec.decode(..., heads=True)``)."""
 
 
 class _SeekToStored(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -397,7 +399,7 @@ class LogConsumer:
             for m in messages[:admitted.count]:
                 self._next[tp] = m.offset + 1
                 try:
-                    env = codec.decode(m.value)
+                    env = codec.decode(m.value, heads=self._options.heads)
                 except codec.DecodeError as e:
                     raise codec.DecodeError(f"{topic}[{tp.partition}]@{m.offset}: {e}") from None
                 out.append(Record(topic, tp.partition, m.offset, env))

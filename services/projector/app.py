@@ -134,7 +134,7 @@ def _records(events: Iterable[Any], logical: dict[str, str]
     for ev in events:
         m = ev.message
         try:
-            env = codec.decode(m.value)
+            env = codec.decode(m.value, heads=True)  # the projection reads no spec
         except codec.DecodeError as e:
             return out, codec.DecodeError(f"{m.topic}[{m.partition}]@{m.offset}: {e}")
         out.append(Record(logical[m.topic], m.partition, m.offset, env))

@@ -58,7 +58,7 @@ from schemas.batch import (
     BatchDeleted,
     JobGroupCancelled,
     JobGroupsSubmitted,
-    JobsSubmitted,
+    JobHeadsSubmitted,
     UpdateCommitted,
     UpdateOpened,
 )
@@ -256,7 +256,7 @@ class Handler:
                 self._update_opened(event, now)
             case JobGroupsSubmitted():
                 self._job_groups(event, now)
-            case JobsSubmitted():
+            case JobHeadsSubmitted():
                 self._jobs(event)
             case UpdateCommitted():
                 self._commit(event, now)
@@ -327,7 +327,7 @@ class Handler:
             self._batches.open_update(b, u, IdTally(event.start_job_id, event.n_jobs))
         self._w.emit(fold_update_opened(event, now))
 
-    def _jobs(self, event: JobsSubmitted) -> None:
+    def _jobs(self, event: JobHeadsSubmitted) -> None:
         """A bunch: rows and staged counts of the jobs not projected before (a client retry
         resubmits a bunch); nothing once the update is committed (its jobs were all in).
 

@@ -55,7 +55,7 @@ class Scheduler:
         self.view = View()
         self._consumer = LogConsumer(settings.log, ConsumerOptions(
             name=f"scheduler-{sched.scheduler_id}", topics=FOLDED_TOPICS, group=False,
-            max_records=5_000, fetch_timeout_ms=100))
+            max_records=5_000, fetch_timeout_ms=100, heads=True))  # it reads no spec
         self._lease = Lease(settings.db, sched.lease)
         self._folding: asyncio.Task[None] | None = None
         self.epoch: int | None = None

@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 from schemas import codec
 from schemas.base import JobResources
-from schemas.batch import BatchCreated, JobRecord, JobsSubmitted
+from schemas.batch import BatchCreated, JobHead, JobHeadsSubmitted, JobRecord, JobsSubmitted
 from schemas.control import BillingLimitSet
-from schemas.envelope import Envelope, wrap
+from schemas.envelope import Envelope, HeadsEnvelope, wrap
 from schemas.events import CURRENT_VERSIONS, EVENT_TYPES, EVENTS_BY_TAG, AnyEvent, tag_of
 from schemas.upcast import UpcastError, upcast
 
@@ -82,6 +82,36 @@ def test_bad_bytes_are_clear_errors(data: bytes, message: str) -> None:
         codec.decode(data)
 
 
+def _head(job: JobRecord) -> JobHead:
+    return JobHead(**{f: getattr(job, f) for f in JobHead.__struct_fields__})
+
+
+@given(event=any_event, fmt=st.sampled_from(["msgpack", "json"]))
+@settings(max_examples=300)
+def test_heads_decode_drops_only_the_specs_of_a_bunch(event: AnyEvent,
+                                                      fmt: codec.Format) -> None:
+    env = wrap(event, event_id="e", time_ms=1)
+    heads = codec.decode(codec.encode(env, fmt), heads=True)
+    assert isinstance(heads, HeadsEnvelope)
+    assert [getattr(heads, f) for f in Envelope.__struct_fields__ if f != "event"] == [
+        getattr(env, f) for f in Envelope.__struct_fields__ if f != "event"]
+    if isinstance(event, JobsSubmitted):
+        assert type(heads.event) is JobHeadsSubmitted
+        assert (heads.event.batch_id, heads.event.update_id) == (event.batch_id,
+                                                                 event.update_id)
+        assert all(type(j) is JobHead for j in heads.event.jobs)
+        assert list(heads.event.jobs) == [_head(j) for j in event.jobs]
+    else:
+        assert heads.event == event
+
+
+def test_a_bunch_is_a_bunch_of_heads() -> None:
+    """Code that handles JobHeadsSubmitted handles the full event too (the writers' class)."""
+    assert issubclass(JobsSubmitted, JobHeadsSubmitted) and issubclass(JobRecord, JobHead)
+    assert tag_of(JobHeadsSubmitted) == tag_of(JobsSubmitted)
+    assert JobHeadsSubmitted not in EVENT_TYPES  # never appended, never decoded by default
+
+
 def test_old_version_is_upcast() -> None:
     """A v0 payload that named the user 'owner' is lifted by a registered upcaster."""
     env = wrap(BatchCreated(batch_id=1, user="u", billing_project="b", token="t"),
@@ -97,6 +127,8 @@ def test_old_version_is_upcast() -> None:
     upcasters = {("batch.created", raw["schema_version"]): rename_owner}
     decoded = codec.decode(json.dumps(raw).encode(), upcasters)
     assert decoded == env
+    heads = codec.decode(json.dumps(raw).encode(), upcasters, heads=True)
+    assert isinstance(heads, HeadsEnvelope) and heads.event == env.event
     with pytest.raises(codec.DecodeError, match="no upcaster"):
         codec.decode(json.dumps(raw).encode(), {})
 
