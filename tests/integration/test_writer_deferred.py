@@ -13,7 +13,7 @@ from pymysql.converters import escape_string
 
 from core.projection.ops import Delete, InsertIgnore, Op, Update, UpdateIn, Upsert
 from services.common.settings import DatabaseSettings
-from services.projector.writer import Literals, Writer, escape_text
+from services.projector.writer import COLUMN_DEFAULTS, Literals, Writer, escape_text
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +219,80 @@ def test_values_shared_by_every_row_are_rendered_once(
             assert list(ordered) == [c for c in columns if c not in shared] + shared
         else:
             assert list(ordered) == columns
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.fixed_dictionaries({"a": shared_values, "b": shared_values,
+                                       "c": shared_values}), min_size=2, max_size=6),
+       st.dictionaries(st.sampled_from(["b", "c"]), shared_values))
+def test_shared_values_at_their_default_are_left_out(
+        engine: sa.Engine, rows: list[dict[str, object]], defaults: dict[str, object]) -> None:
+    """A shared column is left out exactly when its value is its default, of the same kind
+    (0 and False are one kind, a TINYINT; None and "x" are not 0); the rest read as before."""
+    with engine.connect() as conn:
+        literals = Literals.of(conn)
+        assert literals is not None
+        ordered, parts = literals.rows_shared(["a", "b", "c"], rows, defaults)  # type: ignore[arg-type]
+        left_out = {c for c in ("a", "b", "c") if c not in ordered}
+        for c in ("a", "b", "c"):
+            values = [r[c] for r in rows]
+            at_default = c in defaults and all(
+                v == defaults[c] and (v is None) == (defaults[c] is None)
+                and isinstance(v, str) == isinstance(defaults[c], str) for v in values)
+            assert (c in left_out) == at_default, (c, values, defaults)
+        assert list(parts) == list(literals.rows(ordered, rows))
+
+
+def test_column_defaults_are_the_schemas(engine: sa.Engine) -> None:
+    """Every default the writer may leave a column to is the one the table itself gives."""
+    required = {"jobs": {"batch_id": B, "job_id": 77, "update_id": 1, "job_group_id": 0,
+                         "cores_mcpu": 1000, "inst_coll": "standard"}}
+    assert set(required) == set(COLUMN_DEFAULTS)
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            for table, defaults in COLUMN_DEFAULTS.items():
+                row = required[table]
+                conn.execute(sa.text(f"INSERT INTO {table} ({', '.join(row)}) VALUES "
+                                     f"({', '.join(f':{c}' for c in row)})"), row)
+                got = conn.execute(sa.text(
+                    f"SELECT {', '.join(defaults)} FROM {table} WHERE "
+                    + " AND ".join(f"{c} = :{c}" for c in row)), row).one()
+                assert dict(zip(defaults, got, strict=True)) == defaults
+        finally:
+            trans.rollback()
+
+
+def test_job_rows_at_defaults_read_back_with_their_own_values(engine: sa.Engine) -> None:
+    """Bunches whose rows share default values (left out) or non-default ones (kept) land
+    with each row's own values."""
+    def job(j: int, **values: object) -> dict[str, object]:
+        return {"batch_id": B, "job_id": j, "update_id": 1, "job_group_id": 0,
+                "state": "Pending", "n_pending_parents": 1, "always_run": False,
+                "n_max_attempts": 20, "cores_mcpu": 1000, "memory_bytes": 0,
+                "storage_gib": 0, "machine_type": None, "preemptible": True, "regions": None,
+                "inst_coll": "standard", "name": f"j{j}", **values}
+    bunches = [[job(j) for j in range(1, 4)],
+               [job(j, state="Ready", n_pending_parents=0, always_run=True, n_max_attempts=3,
+                    memory_bytes=10, storage_gib=5, machine_type="n1", preemptible=False,
+                    regions='["r"]') for j in range(4, 7)],
+               [job(7, always_run=True), job(8, machine_type="n2")]]
+    cols = list(bunches[0][0])
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            for rows in bunches:
+                writer.emit([InsertIgnore("jobs", rows)])
+                writer.flush()
+            got = conn.execute(sa.text(
+                f"SELECT {', '.join(cols)} FROM jobs WHERE batch_id = :b ORDER BY job_id"),
+                {"b": B}).all()
+            assert [dict(zip(cols, r, strict=True)) for r in got] == [
+                row for rows in bunches for row in rows]
+        finally:
+            trans.rollback()
 
 
 def test_job_rows_of_a_bunch_read_back_with_their_own_values(engine: sa.Engine) -> None:
