@@ -81,7 +81,13 @@ class DatabaseSettings(msgspec.Struct, frozen=True, kw_only=True):
     pool_size: int = 10
 
     def url(self, *, database: bool = True) -> str:
-        """A SQLAlchemy URL for PyMySQL; without the database name when ``database`` is false."""
+        """A SQLAlchemy URL for PyMySQL; without the database name when ``database`` is false.
+
+        Every engine is made from this URL, so this is where the process's engines are set to
+        share one TLS context among their connections (:mod:`services.common.mysql`)."""
+        from services.common import mysql  # sqlalchemy and pymysql: only where a DB is used
+
+        mysql.install()
         auth = self.user if not self.password else f"{self.user}:{self.password}"
         db = f"/{self.name}" if database else "/"
         return f"mysql+pymysql://{auth}@{self.host}:{self.port}{db}?charset=utf8mb4"
