@@ -190,8 +190,12 @@ class Commands:
     def _checked_update(self, batch_id: int, update_id: int, user: User,
                         committed_here: bool) -> Any:
         """The row of an update of a visible, uncancelled batch, still open (blocking)."""
-        batch, update = self.store.batch_and_update(batch_id, update_id, user.name)
-        self._check_open(batch_id, batch)
+        found = self.store.batch_and_update(batch_id, update_id, user.name)
+        if found is None:
+            raise NotFound(f"batch {batch_id} not found")
+        cancelled, update = found
+        if cancelled:
+            raise BadRequest(CANCELLED_BATCH)
         if update is None:
             raise NotFound(f"update {update_id} of batch {batch_id} not found")
         if update.committed or committed_here:

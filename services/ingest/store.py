@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -59,6 +59,24 @@ _VISIBLE_BATCH = sa.text(
 _UPDATE = sa.text(
     "SELECT update_id, token, start_job_id, n_jobs, start_job_group_id, n_job_groups, "
     "committed FROM batch_updates WHERE batch_id = :b AND update_id = :u")
+_BATCH_AND_UPDATE = sa.text(
+    "SELECT (SELECT COUNT(*) FROM batches_cancelled bc WHERE bc.batch_id = b.id) AS cancelled, "
+    "u.update_id, u.token, u.start_job_id, u.n_jobs, u.start_job_group_id, u.n_job_groups, "
+    "u.committed FROM batches b JOIN billing_project_users m ON m.billing_project = "
+    "b.billing_project AND m.user = :user LEFT JOIN batch_updates u ON u.batch_id = b.id "
+    "AND u.update_id = :u WHERE b.id = :b AND NOT b.deleted")
+
+
+class _UpdateRow(NamedTuple):
+    """An update's row as :data:`_UPDATE` reads it."""
+
+    update_id: int
+    token: str
+    start_job_id: int
+    n_jobs: int
+    start_job_group_id: int
+    n_job_groups: int
+    committed: bool
 
 
 @dataclass(eq=False)
@@ -211,12 +229,16 @@ class Store:
         return self.one(_UPDATE, b=batch_id, u=update_id)
 
     def batch_and_update(self, batch_id: int, update_id: int, user: str
-                         ) -> tuple[Any | None, Any | None]:
-        """:meth:`visible_batch` and :meth:`update` on one connection (a job bunch asks both)."""
+                         ) -> tuple[bool, Any | None] | None:
+        """Whether the batch is cancelled, and its update's row (None if it has none such);
+        None if ``user`` sees no such batch. One query: a job bunch asks it."""
         with self.engine.connect() as conn:
-            batch = conn.execute(_VISIBLE_BATCH, {"b": batch_id, "user": user}).first()
-            update = conn.execute(_UPDATE, {"b": batch_id, "u": update_id}).first()
-        return batch, update
+            row = conn.execute(_BATCH_AND_UPDATE,
+                               {"b": batch_id, "u": update_id, "user": user}).first()
+        if row is None:
+            return None
+        update = None if row.update_id is None else _UpdateRow(*row[1:])
+        return bool(row.cancelled), update
 
     def update_by_token(self, batch_id: int, token: str) -> Any | None:
         return self.one(

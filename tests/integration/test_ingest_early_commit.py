@@ -18,12 +18,13 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from core.errors import BadRequest
-from schemas.batch import JobsSubmitted, UpdateCommitted
+from core.errors import BadRequest, NotFound
+from schemas.batch import BatchCancelled, JobsSubmitted, UpdateCommitted
 from services.common import procs
 from services.common.settings import DatabaseSettings, LogSettings
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
+from services.ingest.store import User
 
 from .ingest_harness import ALICE, WAIT_S, Harness, open_harness
 from .projection_helpers import job, submission
@@ -81,6 +82,27 @@ async def test_a_second_commit_or_a_late_bunch_is_refused_before_the_first_is_pr
     with pytest.raises(BadRequest, match="update 1 is already committed"):
         await harness.commands.submit_jobs(2, 1, bunch(2), ALICE)
     assert await harness.log_ends() == 2  # the bunch and one commit
+
+
+async def test_a_bunch_needs_a_visible_uncancelled_batch_and_an_open_update(
+        harness: Harness) -> None:
+    """Each refusal of a bunch names what is wrong, and nothing reaches the log."""
+    harness.project(*submission(5, 1, [job(1)], create=True, commit=False)[:2])
+    harness.project(*submission(6, 1, [job(1)], create=True, commit=False)[:2],
+                    BatchCancelled(batch_id=6))
+    await harness.projector_at_end()
+    before = await harness.log_ends()
+    with pytest.raises(NotFound, match="batch 99 not found"):
+        await harness.commands.submit_jobs(99, 1, bunch(1), ALICE)
+    with pytest.raises(NotFound, match="batch 5 not found"):
+        await harness.commands.submit_jobs(5, 1, bunch(1), User("mallory", False))
+    with pytest.raises(NotFound, match="update 7 of batch 5 not found"):
+        await harness.commands.submit_jobs(5, 7, bunch(1), ALICE)
+    with pytest.raises(BadRequest, match="to a cancelled batch"):
+        await harness.commands.submit_jobs(6, 1, bunch(1), ALICE)
+    assert await harness.log_ends() == before
+    await harness.commands.submit_jobs(5, 1, bunch(1), ALICE)  # the open update takes it
+    assert await harness.log_ends() == before + 1
 
 
 async def test_too_few_jobs_through_this_process_fall_back_to_the_projected_counts(
