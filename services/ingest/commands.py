@@ -167,21 +167,46 @@ class Commands:
             raise Forbidden(f"billing project {name} has exceeded the budget; "
                             f"accrued={cost_str(accrued)} limit={cost_str(limit)}")
 
+    async def _found(self, batch_id: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a thread; a :class:`NotFound` it raises is believed once the
+        projector applied what this process appended to the batch and answered early.
+
+        A write is answered after at most ``wait_s`` with its event on the log, maybe not yet
+        projected (the projector far behind, say after a big cancellation): the client's next
+        write to that batch or update must not be told that it does not exist. Those appends
+        not applied in time are a 503, which clients retry.
+        """
+        try:
+            return await self._db(fn, *args)
+        except NotFound as e:
+            entry = self._unsettled.get(batch_id)
+            if entry is None:
+                raise
+            if not await self.store.wait_applied([entry[1]], timeout_s=self.wait_s):
+                raise Unavailable(f"{e}: it may still be on its way (the projection is behind "
+                                  "the log); try again") from e
+            return await self._db(fn, *args)
+
+    def _visible(self, batch_id: int, user: User) -> Any:
+        """The batch's row, if ``user`` may see it (blocking); else :class:`NotFound`."""
+        row = self.store.visible_batch(batch_id, user.name)
+        if row is None:
+            raise NotFound(f"batch {batch_id} not found")
+        return row
+
     async def _open_batch(self, batch_id: int, user: User) -> Any:
-        return self._check_open(batch_id, await self._db(self.store.visible_batch, batch_id,
-                                                         user.name))
+        row = await self._found(batch_id, self._visible, batch_id, user)
+        return self._check_open(batch_id, row)
 
     @staticmethod
     def _check_open(batch_id: int, row: Any) -> Any:
-        if row is None:
-            raise NotFound(f"batch {batch_id} not found")
         if row.cancelled:
             raise BadRequest(CANCELLED_BATCH)
         return row
 
     async def _open_update(self, batch_id: int, update_id: int, user: User) -> Any:
-        return await self._db(self._checked_update, batch_id, update_id, user,
-                              self._committed_here(batch_id, update_id))
+        return await self._found(batch_id, self._checked_update, batch_id, update_id, user,
+                                 self._committed_here(batch_id, update_id))
 
     def _committed_here(self, batch_id: int, update_id: int) -> bool:
         """Whether this process committed the update (maybe not projected yet)."""
@@ -418,8 +443,8 @@ class Commands:
         # The checks, the decode and the spec store's write in one hop to a thread: each hop
         # costs a thread switch and a wakeup of the loop, under the GIL the other requests'
         # decodes hold (three hops were a third of a bunch request's time, measured).
-        u, records = await self._db(self._accepted_bunch, batch_id, update_id, body, user,
-                                    self._committed_here(batch_id, update_id))
+        u, records = await self._found(batch_id, self._accepted_bunch, batch_id, update_id,
+                                       body, user, self._committed_here(batch_id, update_id))
         if records:
             # Nothing reads an uncommitted update's jobs: the answer need not wait until the
             # projector applied this bunch, only until it is at most bunch_slack records short
@@ -506,9 +531,7 @@ class Commands:
 
     # --- cancellation and deletion ----------------------------------------------------------
     async def cancel_batch(self, batch_id: int, user: User) -> None:
-        row = await self._db(self.store.visible_batch, batch_id, user.name)
-        if row is None:
-            raise NotFound(f"batch {batch_id} not found")
+        await self._found(batch_id, self._visible, batch_id, user)
         await self._append([BatchCancelRequested(batch_id=batch_id, requested_by=user.name),
                             BatchCancelled(batch_id=batch_id, reason="user")],
                            unsettled=(batch_id, user.name))
@@ -516,9 +539,7 @@ class Commands:
     async def cancel_group(self, batch_id: int, group_id: int, user: User) -> None:
         if group_id == 0:
             return await self.cancel_batch(batch_id, user)
-        row = await self._db(self.store.visible_batch, batch_id, user.name)
-        if row is None:
-            raise NotFound(f"batch {batch_id} not found")
+        await self._found(batch_id, self._visible, batch_id, user)
         found = (await self._db(self.store.groups, batch_id, [group_id])).get(group_id)
         if found is None or not found[1]:
             raise Forbidden(f"job group {group_id} of batch {batch_id} does not exist")
@@ -529,9 +550,7 @@ class Commands:
             unsettled=(batch_id, user.name))
 
     async def delete_batch(self, batch_id: int, user: User) -> None:
-        row = await self._db(self.store.visible_batch, batch_id, user.name)
-        if row is None:
-            raise NotFound(f"batch {batch_id} not found")
+        row = await self._found(batch_id, self._visible, batch_id, user)
         events: list[AnyEvent] = []
         if row.state != "complete" and not row.cancelled:
             events += [BatchCancelRequested(batch_id=batch_id, requested_by=user.name,

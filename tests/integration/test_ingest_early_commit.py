@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from core.errors import BadRequest, NotFound
+from core.errors import BadRequest, NotFound, Unavailable
 from schemas.batch import BatchCancelled, JobsSubmitted, UpdateCommitted
 from services.common import procs
 from services.common.settings import DatabaseSettings, LogSettings
@@ -152,3 +152,36 @@ async def test_reads_through_the_api_wait_for_a_commit_answered_early(
             assert (body["n_jobs"], body["state"]) == (2, "running")
     finally:
         await runner.cleanup()
+
+
+async def test_a_batch_on_the_log_but_not_yet_projected_is_unavailable_not_missing(
+        harness: Harness) -> None:
+    """A create answered after the wait bound (the projector far behind) is on the log: the
+    client's next writes to that batch are told to retry (503), never that it does not exist,
+    and go through once the projector applied it."""
+    # Past the ids the other tests of this module project directly (the database is shared).
+    harness.commands.store.allocate("batch", 100)
+    t0 = time.monotonic()
+    out = await harness.commands.create_batch(
+        {"billing_project": "proj", "n_jobs": 1, "token": "late"}, ALICE)
+    assert time.monotonic() - t0 >= WAIT_S  # answered unapplied
+    b, u, start = out["id"], out["update_id"], out["start_job_id"]
+    before = await harness.log_ends()
+    with pytest.raises(Unavailable, match=f"batch {b} not found: it may still be on its way"):
+        await harness.commands.submit_jobs(b, u, bunch(start), ALICE)
+    with pytest.raises(Unavailable, match=f"batch {b} not found: it may still be on its way"):
+        await harness.commands.commit(b, u, ALICE)
+    with pytest.raises(Unavailable, match=f"batch {b} not found: it may still be on its way"):
+        await harness.commands.cancel_batch(b, ALICE)
+    assert await harness.log_ends() == before  # nothing was appended
+
+    harness.project(*submission(b, u, [job(start)], start_job_id=start, create=True,
+                                commit=False)[:2])
+    await harness.projector_at_end()
+    await harness.commands.submit_jobs(b, u, bunch(start), ALICE)
+    assert await harness.log_ends() == before + 1
+    # A batch this process did not append to is not found at once, the projector behind or not.
+    t0 = time.monotonic()
+    with pytest.raises(NotFound, match=f"batch {b + 1000} not found"):
+        await harness.commands.submit_jobs(b + 1000, 1, bunch(1), ALICE)
+    assert time.monotonic() - t0 < WAIT_S
