@@ -60,6 +60,7 @@ from schemas.execution import (
     AttemptLost,
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
@@ -256,6 +257,9 @@ class SchedulerState:
                     self._end(event.batch_id, c.job_id, c.state)
             case JobCancelled():
                 self._end(event.batch_id, event.job_id, "Cancelled")
+            case JobsCancelled():
+                for job_id in event.job_ids:
+                    self._end(event.batch_id, job_id, "Cancelled")
             case AttemptLost():
                 self._lost(event)
             case JobUnschedulable():

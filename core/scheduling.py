@@ -44,8 +44,14 @@ from core.waiting import (
     full,
     queued,
 )
+from schemas.base import CancelReason
 from schemas.batch import BatchCancelled, JobGroupCancelled
-from schemas.execution import JobCancelled, JobScheduled, JobsScheduled, JobUnschedulable
+from schemas.execution import (
+    JobsCancelled,
+    JobScheduled,
+    JobsScheduled,
+    JobUnschedulable,
+)
 
 CANCEL_SHARE_TOTAL: Final = 300
 """The seed's canceller: jobs to cancel per iteration, shared across users."""
@@ -246,9 +252,9 @@ class Kill(NamedTuple):
 
 @dataclass(frozen=True)
 class Cancellations:
-    """The canceller's pick: events for Ready jobs, kills for Running ones."""
+    """The canceller's pick: bunches of events for Ready jobs, kills for Running ones."""
 
-    cancelled: list[JobCancelled] = field(default_factory=list)
+    cancelled: list[JobsCancelled] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
 
 
@@ -298,19 +304,23 @@ def cancellations(state: SchedulerState, max_jobs: int = CANCEL_SHARE_TOTAL, *,
         min_per_user: The least any user with cancellable jobs gets.
 
     Returns:
-        ``job.cancelled`` events for Ready jobs and kills for Running ones.
+        For Ready jobs, ``jobs.cancelled`` bunches: one per batch and reason, of that batch's
+        picked jobs in pick order (the users in name order, as their shares are taken); kills
+        for Running ones.
 
     """
     out = Cancellations()
     counts = {user: len(queue) for user, queue in state.to_cancel.items()}
+    picked: dict[tuple[int, CancelReason], list[int]] = {}
     for user, share in sorted(cancel_shares(counts, max_jobs, min_per_user).items()):
         for batch_id, job_id in islice(state.to_cancel[user], share):
             job = state.batches[batch_id].jobs[job_id]
             if job.state == READY:
-                out.cancelled.append(JobCancelled(batch_id=batch_id, job_id=job_id,
-                                                  reason=job.cancel or "user"))
+                picked.setdefault((batch_id, job.cancel or "user"), []).append(job_id)
             elif job.state == RUNNING and job.attempt_id is not None and job.instance:
                 out.kills.append(Kill(batch_id, job_id, job.attempt_id, job.instance))
+    out.cancelled.extend(JobsCancelled(batch_id=b, job_ids=ids, reason=reason)
+                         for (b, reason), ids in picked.items())
     return out
 
 

@@ -73,6 +73,7 @@ from schemas.execution import (
     AttemptLost,
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
@@ -132,6 +133,7 @@ AnyEvent: TypeAlias = (
     | InstanceDeleted
     | LogMarker
     | WaitingReasonsChanged
+    | JobsCancelled
 )
 """Every event of the system."""
 

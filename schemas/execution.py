@@ -185,6 +185,24 @@ class JobCancelled(BatchEvent, frozen=True, kw_only=True, tag="job.cancelled"):
     reason: CancelReason
 
 
+class JobsCancelled(BatchEvent, frozen=True, kw_only=True, tag="jobs.cancelled"):
+    """The canceller cancelled several jobs of one batch, for one reason, in one round.
+
+    It means exactly what one :class:`JobCancelled` per job, in list order, would mean; the
+    scheduler publishes a round's cancellations of a batch as one record: cancelling a
+    million-job batch was a million records, each paying its envelope, its produce, and every
+    consumer's fetch, decode and dispatch (the scheduler spent half its time on those).
+    """
+
+    job_ids: list[int]
+    reason: CancelReason
+
+    def expand(self) -> list[JobCancelled]:
+        """The bunch as single cancellations, in order."""
+        b, reason = self.batch_id, self.reason
+        return [JobCancelled(batch_id=b, job_id=j, reason=reason) for j in self.job_ids]
+
+
 class JobUnschedulable(BatchEvent, frozen=True, kw_only=True, tag="job.unschedulable"):
     """The scheduler found the job cannot run now or ever (e.g. 8 cores on 4-core workers)."""
 

@@ -54,6 +54,7 @@ from schemas.execution import (
     CompletedAttempt,
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
@@ -177,6 +178,7 @@ def sample_events() -> list[AnyEvent]:
             CompletedAttempt(job_id=3, attempt_id="0b1c2d", state="Error",
                              error="executable not found", end_time_ms=T0 + 1_050),
         ]),
+        JobsCancelled(batch_id=7, job_ids=[4, 5, 9], reason="user"),
     ]
 
 

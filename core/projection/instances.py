@@ -39,6 +39,7 @@ from schemas.events import AnyEvent
 from schemas.execution import (
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
@@ -93,13 +94,15 @@ def count_event(event: AnyEvent, time_ms: int, token: int) -> list[Increment]:
 
     Returns:
         One increment of ``n`` by 1 per kind of :func:`rate_kinds`; for a bunch
-        (:class:`JobsScheduled`, :class:`JobsCompleted`), by the number of its attempts that
-        count as each kind.
+        (:class:`JobsScheduled`, :class:`JobsCompleted`, :class:`JobsCancelled`), by the number
+        of its attempts (jobs) that count as each kind.
 
     """
     minute = minute_of(time_ms)
     if isinstance(event, JobsScheduled | JobsCompleted):  # a bunch counts as its attempts
         kinds = Counter(k for e in event.expand() for k in rate_kinds(e))
+    elif isinstance(event, JobsCancelled):
+        kinds = Counter({RATE_KINDS[JobCancelled]: len(event.job_ids)})
     else:
         kinds = Counter(rate_kinds(event))
     return [Increment("event_rates", {"minute": minute, "kind": kind, "token": token}, {"n": n})

@@ -36,7 +36,7 @@ from schemas.batch import (
     UpdateOpened,
 )
 from schemas.envelope import Envelope
-from schemas.execution import JobsCompleted, JobsScheduled
+from schemas.execution import JobsCancelled, JobsCompleted, JobsScheduled
 from services.audit.logread import PartitionReader, partition_for
 from services.common.log import high_watermarks
 from services.common.settings import LogSettings
@@ -113,6 +113,9 @@ def job_history(entries: Sequence[Entry], job_id: int) -> list[Entry] | None:
         elif isinstance(event, JobsScheduled | JobsCompleted):
             attempts = [a for a in event.attempts if a.job_id == job_id]
             narrowed = msgspec.structs.replace(event, attempts=attempts) if attempts else None
+        elif isinstance(event, JobsCancelled):
+            narrowed = (msgspec.structs.replace(event, job_ids=[job_id])
+                        if job_id in event.job_ids else None)
         elif _concerns(event, job_id, update_id, groups):
             narrowed = event
         if narrowed is not None:
@@ -186,9 +189,11 @@ def summary(event: Any) -> str:
         if len(event.attempts) == 1:  # the attempt's own fields, as its single event shows them
             single = event.expand()[0]
             parts += [p for p in summary(single).split(" ") if not p.startswith("job_id=")]
+    elif isinstance(event, JobsCancelled):
+        parts.append(f"jobs={id_ranges(event.job_ids)} (n={len(event.job_ids)})")
     for field in msgspec.structs.fields(event):
         name = field.name
-        if name in ("batch_id", "jobs", "job_groups", "attempts"):
+        if name in ("batch_id", "jobs", "job_groups", "attempts", "job_ids"):
             continue
         value = getattr(event, name)
         if _is_default(field, value):

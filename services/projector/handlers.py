@@ -69,6 +69,7 @@ from schemas.execution import (
     AttemptLost,
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
@@ -158,7 +159,7 @@ _WAITING_USERS = sa.text("SELECT user, inst_coll FROM user_waiting_reasons")
 _WAITING_JOBS = sa.text("SELECT batch_id, job_id FROM job_waiting_reasons")
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _EXECUTION = (JobScheduled, JobStarted, JobCompleted, AttemptHeartbeat, AttemptLost,
-              JobCancelled, JobUnschedulable, JobsScheduled, JobsCompleted)
+              JobCancelled, JobUnschedulable, JobsScheduled, JobsCompleted, JobsCancelled)
 
 
 class Handler:
@@ -188,6 +189,8 @@ class Handler:
             event = env.event
             if isinstance(event, JobsScheduled | JobsCompleted):
                 self._upcoming[event.batch_id].update(a.job_id for a in event.attempts)
+            elif isinstance(event, JobsCancelled):
+                self._upcoming[event.batch_id].update(event.job_ids)
             elif isinstance(event, _EXECUTION):
                 self._upcoming[event.batch_id].add(event.job_id)
         for b, ids in self._upcoming.items():
@@ -287,6 +290,10 @@ class Handler:
                 self._lost(event, now)
             case JobCancelled():
                 self._job_cancelled(event, now)
+                self._w.emit(count_event(event, now, self._token))
+            case JobsCancelled():
+                for cancelled in event.expand():
+                    self._job_cancelled(cancelled, now)
                 self._w.emit(count_event(event, now, self._token))
             case JobUnschedulable():
                 self._unschedulable(event, now)

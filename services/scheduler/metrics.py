@@ -23,6 +23,7 @@ from schemas.events import AnyEvent
 from schemas.execution import (
     AttemptLost,
     JobCancelled,
+    JobsCancelled,
     JobScheduled,
     JobsScheduled,
     JobUnschedulable,
@@ -72,6 +73,9 @@ def published(events: Sequence[AnyEvent]) -> None:
             for reason, m in TypeCounter(e.reason for e in events
                                          if isinstance(e, AttemptLost)).items():
                 lost(reason, m)
+        elif kind is JobsCancelled:
+            cancelled("job", sum(len(e.job_ids) for e in events
+                                 if isinstance(e, JobsCancelled)))
         elif kind in _KINDS:
             cancelled(_KINDS[kind], n)
 

@@ -23,7 +23,13 @@ from schemas.batch import (
 )
 from schemas.envelope import wrap
 from schemas.events import AnyEvent
-from schemas.execution import JobCompleted, JobScheduled, JobsCompleted, JobsScheduled
+from schemas.execution import (
+    JobCompleted,
+    JobsCancelled,
+    JobScheduled,
+    JobsCompleted,
+    JobsScheduled,
+)
 from services.audit.history import (
     Entry,
     format_line,
@@ -165,6 +171,19 @@ def test_a_bunch_of_sjs_is_narrowed_to_the_job() -> None:
     assert job_1 is not None and "jobs.scheduled" in _tags(job_1)
     others = job_history([*BATCH[:5], *_entries([JobsScheduled.of(7, singles[::2])])], 2)
     assert others is not None and "jobs.scheduled" not in _tags(others)
+
+
+def test_a_bunch_of_cancellations_is_narrowed_to_the_job() -> None:
+    bunch = JobsCancelled(batch_id=7, job_ids=[1, 2, 3], reason="user")
+    entries = [*BATCH[:5], *_entries([bunch])]
+    assert summary(entries[-1].envelope.event) == "jobs=1..3 (n=3) reason=user"
+    got = job_history(entries, 2)
+    assert got is not None and _tags(got)[-1] == "jobs.cancelled"
+    narrowed = got[-1].envelope.event
+    assert isinstance(narrowed, JobsCancelled) and narrowed.job_ids == [2]
+    others = job_history([*BATCH[:5], *_entries([JobsCancelled(batch_id=7, job_ids=[1, 3],
+                                                                reason="user")])], 2)
+    assert others is not None and "jobs.cancelled" not in _tags(others)
 
 
 def test_a_bunch_of_mjcs_is_narrowed_to_the_job() -> None:

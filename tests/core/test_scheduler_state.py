@@ -35,6 +35,7 @@ from schemas.execution import (
     AttemptLost,
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
@@ -421,6 +422,16 @@ def test_a_bunch_of_mjcs_folds_as_its_single_mjcs() -> None:
     check_invariants(bunched)
 
 
+def test_a_bunch_of_cancellations_folds_as_its_single_ones() -> None:
+    base = [*BASE, submitted(1, 1, jr(1), jr(2), jr(3, [1]), jr(4)), committed(1, 1),
+            BatchCancelled(batch_id=1)]
+    bunch = JobsCancelled(batch_id=1, job_ids=[1, 2, 9], reason="user")  # 9 is unknown
+    bunched = fold([*base, bunch])
+    assert bunched == fold([*base, *bunch.expand()])
+    assert where(bunched) == {(1, 3): "Ready+cancel", (1, 4): "Ready+cancel"}
+    check_invariants(bunched)
+
+
 def test_a_stale_epoch_bunch_is_ignored() -> None:
     state = fold([*BASE, submitted(1, 1, jr(1), jr(2), jr(3)), committed(1, 1),
                   at_epoch(SchedulerElected(epoch=2, scheduler_id="s2"), 0)])
@@ -550,14 +561,17 @@ class Sim:
         self.log.append(event)
         self.state.apply(event)
         inner = event.event if isinstance(event, Envelope) else event
-        if isinstance(inner, JobCompleted | JobCancelled | AttemptLost | JobUnschedulable):
-            key = (inner.batch_id, inner.job_id)
-            if key not in self.ended and self.state.job(*key) is None and key in self.parents:
-                state = (inner.state if isinstance(inner, JobCompleted) else
-                         "Cancelled" if isinstance(inner, JobCancelled) else "Error")
-                self.ended[key] = state
-                if self.ended[key] in ("Failed", "Error"):
-                    self.count_failure(key)
+        singles = inner.expand() if isinstance(inner, JobsCancelled) else [inner]
+        for one in singles:
+            if isinstance(one, JobCompleted | JobCancelled | AttemptLost | JobUnschedulable):
+                key = (one.batch_id, one.job_id)
+                if (key not in self.ended and self.state.job(*key) is None
+                        and key in self.parents):
+                    state = (one.state if isinstance(one, JobCompleted) else
+                             "Cancelled" if isinstance(one, JobCancelled) else "Error")
+                    self.ended[key] = state
+                    if self.ended[key] in ("Failed", "Error"):
+                        self.count_failure(key)
         if isinstance(inner, AttemptLost):
             self.mjs_seen.discard((inner.batch_id, inner.job_id, inner.attempt_id))
         if isinstance(inner, JobStarted):

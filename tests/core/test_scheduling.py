@@ -189,8 +189,9 @@ def test_cancel_shares(counts: dict[str, int], expected: dict[str, int]) -> None
 def test_cancellations_cancel_ready_jobs_and_kill_running_ones() -> None:
     state = fold([*two_users(3), *instance("i1"), sj(1, 1), BatchCancelled(batch_id=1)])
     picked = cancellations(state)
-    assert [(e.batch_id, e.job_id, e.reason) for e in picked.cancelled] == [
-        (1, 2, "user"), (1, 3, "user")]
+    assert len(picked.cancelled) == 1  # the batch's Ready jobs, in one record
+    assert [(e.batch_id, e.job_id, e.reason) for bunch in picked.cancelled
+            for e in bunch.expand()] == [(1, 2, "user"), (1, 3, "user")]
     assert picked.kills == [Kill(1, 1, "a1", "i1")]
     for event in picked.cancelled:
         state.apply(event)
@@ -204,8 +205,23 @@ def test_cancellations_share_fairly() -> None:
                               submitted(2, 1, *(jr(j) for j in range(1, 6))), committed(2, 1),
                               BatchCancelled(batch_id=1), BatchCancelled(batch_id=2)]
     picked = cancellations(fold(events))
-    per_batch = {b: sum(e.batch_id == b for e in picked.cancelled) for b in (1, 2)}
+    per_batch = {b: sum(len(e.job_ids) for e in picked.cancelled if e.batch_id == b)
+                 for b in (1, 2)}
     assert per_batch == {1: 299, 2: 5}
+    assert [(e.batch_id, e.reason) for e in picked.cancelled] == [(1, "user"), (2, "user")]
+
+
+def test_cancellations_bunch_per_batch_and_reason() -> None:
+    """A batch whose jobs are cancelled for different reasons gets a bunch per reason."""
+    events: list[AnyEvent] = [created(1, "alice"), *instance("i1"),
+                              groups(1, 1, (1, 0)),
+                              submitted(1, 1, jr(1, group=1), jr(2), jr(3, group=1), jr(4)),
+                              committed(1, 1), JobGroupCancelled(batch_id=1, job_group_id=1,
+                                                                 reason="n_failures"),
+                              BatchCancelled(batch_id=1)]
+    picked = cancellations(fold(events))
+    assert sorted((e.reason, tuple(e.job_ids)) for e in picked.cancelled) == [
+        ("n_failures", (1, 3)), ("user", (2, 4))]
 
 
 def test_failure_cancellations_cancel_groups_that_reached_their_limit() -> None:

@@ -16,10 +16,12 @@ from schemas.batch import (
     JobGroupsSubmitted,
     UpdateCommitted,
 )
+from schemas.envelope import wrap
 from schemas.execution import (
     AttemptLost,
     JobCancelled,
     JobCompleted,
+    JobsCancelled,
     JobScheduled,
     JobStarted,
 )
@@ -344,3 +346,36 @@ def test_forget_leaves_other_partitions_to_their_own_transactions(engine: sa.Eng
     sink.apply(s1.records([mjc(64, 1)]))
     assert states(engine, 64) == {1: "Success", 2: "Ready"}
     assert states(engine, 63) == {1: "Running", 2: "Running"}
+
+
+def test_a_bunch_of_cancellations_projects_as_its_single_ones(
+        db_server: DatabaseSettings) -> None:
+    """One ``jobs.cancelled`` record leaves the projection exactly as its single
+    ``job.cancelled`` records would: rows, counters, releases, completion, event rates."""
+    from .projection_helpers import fresh_engines
+
+    jobs = [job(1), job(2), job(3, parents=[1]), job(4, always_run=True), job(5)]
+    base = [*submission(6, 1, jobs, create=True, user="u6"), sj(6, 5), mjc(6, 5),
+            BatchCancelled(batch_id=6)]
+    ids = [1, 2, 5, 77]  # 5 succeeded already and 77 is unknown: both left alone
+    at = T0 + 1_000  # the same time for both, so that the end times and rates agree
+    singles = [wrap(JobCancelled(batch_id=6, job_id=j, reason="user"),
+                    event_id=f"s{j}", time_ms=at) for j in ids]
+    bunch = [wrap(JobsCancelled(batch_id=6, job_ids=ids, reason="user"), event_id="b",
+                  time_ms=at)]
+    snaps = []
+    for (engine, name), drain in zip(fresh_engines(db_server, 2), (singles, bunch),
+                                     strict=True):
+        try:
+            Sink(engine, "p").apply(Stream().records([*base, *drain]))
+            assert states(engine, 6) == {1: "Cancelled", 2: "Cancelled", 3: "Ready",
+                                         4: "Ready", 5: "Success"}
+            # As the single events do, the rates count every cancellation the canceller sent.
+            assert query(engine, "SELECT SUM(n) FROM event_rates WHERE kind = 'cancelled'"
+                         ) == [(4,)]
+            snaps.append(snapshot(engine))
+        finally:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"DROP DATABASE `{name}`"))
+            engine.dispose()
+    assert snaps[0] == snaps[1]
