@@ -123,7 +123,8 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             worst <= 1000 and stopped is not None and n >= 1_000_000,
             f"at {n:,} jobs: the projection showed it cancelled (counters moved in the same "
             f"transaction) after {cancel_ms} ms, ingest answered after {answered} ms; the "
-            f"last SJ after the cancel came {stopped} ms after it"
+            f"last SJ after the cancel came {stopped} ms after it; every job ended (the batch "
+            f"complete) {_get(results, 'ingest', f'cancel_drained_s_at_{n}_jobs')} s after it"
             + ("" if n >= 1_000_000 else "; the target's batch is 1M")))
     replay_rate = _get(results, "replay", "replay_events_per_s")
     out.append(Assessment(
