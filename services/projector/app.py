@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -168,10 +169,15 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
     ``within_s``: how long a batch of events waits to fill before it is applied; ``linger_s``:
     how much longer a batch of execution reports alone waits (see :func:`lingers`)."""
     s = settings.log
+    faust_dirs = os.path.join(os.path.abspath(settings.data_dir), "faust")
+    os.makedirs(faust_dirs, exist_ok=True)  # faust makes its own directory, not the parents
     app = faust.App(
         f"{s.topic_prefix}{name}",
         broker=";".join(f"kafka://{h}" for h in s.bootstrap_servers.split(",")),
         store="memory://",
+        # faust keeps a directory per app even with memory stores: under the data directory,
+        # not (its default) in the working directory, which was the repository's for tests.
+        datadir=os.path.join(faust_dirs, f"{s.topic_prefix}{name}"),
         autodiscover=False,
         web_enabled=False,
         topic_allow_declare=False,      # topics are created by setup, with our partition count
