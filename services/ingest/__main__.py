@@ -11,6 +11,8 @@ retried commit of an update the first request committed is a 400 ("already commi
 A job bunch answers once the projector is at most ``HS_INGEST_BUNCH_SLACK`` records (default
 512) short of it, and the commit of an update whose jobs all came through this process once it
 is on the log: a read of that batch waits (same bound) for the projector instead.
+The bunches of an update reuse, for ``HS_INGEST_UPDATE_CHECK_TTL_S`` seconds (default 1; 0
+checks every bunch), the check of the batch and update that an earlier bunch made.
 Ingest's producer lingers ``HS_INGEST_LINGER_MS`` (default 0) before it sends, whatever
 ``HS_KAFKA_LINGER_MS`` says for the other services (see :func:`publisher_settings`).
 """
@@ -41,7 +43,7 @@ from services.common.settings import (
 from services.common.storage import open_log_store, open_spec_store
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
-from services.ingest.commands import BUNCH_SLACK, Commands
+from services.ingest.commands import BUNCH_SLACK, UPDATE_CHECK_TTL_S, Commands
 from services.ingest.store import Store
 
 INGEST_LINGER_MS = 0
@@ -70,7 +72,9 @@ async def serve(host: str, port: int) -> None:
             wait_s = float(os.environ.get("HS_INGEST_WAIT_S", "4"))
             slack = int(os.environ.get("HS_INGEST_BUNCH_SLACK", str(BUNCH_SLACK)))
             commands = Commands(store, publisher, default_config(), wait_s=wait_s,
-                                specs=open_spec_store(spec_root(settings)), bunch_slack=slack)
+                                specs=open_spec_store(spec_root(settings)), bunch_slack=slack,
+                                update_check_ttl_s=float(os.environ.get(
+                                    "HS_INGEST_UPDATE_CHECK_TTL_S", str(UPDATE_CHECK_TTL_S))))
             app = create_app(store, commands, Billing(store, publisher, wait_s=wait_s),
                              logs=open_log_store(log_root(settings)))
             runner = web.AppRunner(app, access_log=None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -66,6 +67,12 @@ BUNCH_SLACK = 512
 """How many records of its partition the projector may still be short of a job bunch when the
 bunch request is answered: the bound on how far the projection of big submissions lags (512
 bunches of the official client's 1,024 jobs: about ten seconds of projector work here)."""
+UPDATE_CHECK_TTL_S = 1.0
+"""How long a job bunch may reuse the check of its (batch, update, user) that an earlier bunch
+made: a big submission's bunches each queried MariaDB, busy with the projection, on their
+critical path. The commit checks afresh, and this process's own cancel or commit drops the
+entry; a cancel through another process is seen within this bound, which only widens the race
+between a bunch's check and its append that any cancel has (such a bunch is never committed)."""
 _UNSETTLED_KEPT = 10_000
 _TALLIES_KEPT = 1_000
 
@@ -75,7 +82,8 @@ class Commands:
 
     def __init__(self, store: Store, publisher: Publisher, config: InstCollConfig,
                  *, wait_s: float = 15.0, specs: SpecStore | None = None,
-                 bunch_slack: int = BUNCH_SLACK) -> None:
+                 bunch_slack: int = BUNCH_SLACK,
+                 update_check_ttl_s: float = UPDATE_CHECK_TTL_S) -> None:
         self.store = store
         self.publisher = publisher
         self.config = config
@@ -90,6 +98,10 @@ class Commands:
         # Per open update (most recent only): the ids of its jobs this process appended; None
         # once this process committed the update.
         self._tallies: OrderedDict[tuple[int, int], IdTally | None] = OrderedDict()
+        # Per (batch, update, user): when a bunch last found the update open, and its row.
+        self.update_check_ttl_s = update_check_ttl_s
+        self._checked: OrderedDict[tuple[int, int, str], tuple[float, Any]] = OrderedDict()
+        self._checked_lock = threading.Lock()
 
     async def _db(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -226,6 +238,30 @@ class Commands:
         if update.committed or committed_here:
             raise BadRequest(f"update {update_id} is already committed")
         return update
+
+    def _bunch_update(self, batch_id: int, update_id: int, user: User,
+                      committed_here: bool) -> Any:
+        """:meth:`_checked_update`, or its answer to an earlier bunch of the same update and
+        user within ``update_check_ttl_s`` (blocking; called from several threads)."""
+        key = (batch_id, update_id, user.name)
+        now = time.monotonic()
+        with self._checked_lock:
+            hit = self._checked.get(key)
+        if hit is not None and not committed_here and now - hit[0] < self.update_check_ttl_s:
+            return hit[1]
+        u = self._checked_update(batch_id, update_id, user, committed_here)
+        if self.update_check_ttl_s > 0:
+            with self._checked_lock:
+                self._checked[key] = (now, u)
+                while len(self._checked) > _TALLIES_KEPT:
+                    self._checked.popitem(last=False)
+        return u
+
+    def _forget_checks(self, batch_id: int) -> None:
+        """Bunches of ``batch_id`` check afresh (this process cancelled or committed)."""
+        with self._checked_lock:
+            for key in [k for k in self._checked if k[0] == batch_id]:
+                del self._checked[key]
 
     def _lookup(self, batch_id: int) -> Callable[[int], tuple[int, bool, bool] | None]:
         """(depth, committed, cancelled) of a group, asked of the database once per group."""
@@ -464,7 +500,7 @@ class Commands:
     def _accepted_bunch(self, batch_id: int, update_id: int, body: bytes, user: User,
                         committed_here: bool) -> tuple[Any, list[JobRecord]]:
         """The update's row and the bunch's records, their specs stored (blocking)."""
-        u = self._checked_update(batch_id, update_id, user, committed_here)
+        u = self._bunch_update(batch_id, update_id, user, committed_here)
         records = job_records_json(
             body, start_job_id=u.start_job_id, n_jobs=u.n_jobs,
             start_job_group_id=u.start_job_group_id, n_job_groups=u.n_job_groups,
@@ -496,6 +532,7 @@ class Commands:
                              f"actual {n_groups}")
         if n_jobs != u.n_jobs:
             raise BadRequest(f"wrong number of jobs: expected {u.n_jobs}, actual {n_jobs}")
+        self._forget_checks(batch_id)
         if early:
             # Every bunch is in the log before this commit (same partition): the projector
             # finds them all. The answer waits only for the append; reads settle.
@@ -532,6 +569,7 @@ class Commands:
     # --- cancellation and deletion ----------------------------------------------------------
     async def cancel_batch(self, batch_id: int, user: User) -> None:
         await self._found(batch_id, self._visible, batch_id, user)
+        self._forget_checks(batch_id)
         await self._append([BatchCancelRequested(batch_id=batch_id, requested_by=user.name),
                             BatchCancelled(batch_id=batch_id, reason="user")],
                            unsettled=(batch_id, user.name))
@@ -543,6 +581,7 @@ class Commands:
         found = (await self._db(self.store.groups, batch_id, [group_id])).get(group_id)
         if found is None or not found[1]:
             raise Forbidden(f"job group {group_id} of batch {batch_id} does not exist")
+        self._forget_checks(batch_id)
         await self._append([
             JobGroupCancelRequested(batch_id=batch_id, job_group_id=group_id,
                                     requested_by=user.name),
@@ -551,6 +590,7 @@ class Commands:
 
     async def delete_batch(self, batch_id: int, user: User) -> None:
         row = await self._found(batch_id, self._visible, batch_id, user)
+        self._forget_checks(batch_id)
         events: list[AnyEvent] = []
         if row.state != "complete" and not row.cancelled:
             events += [BatchCancelRequested(batch_id=batch_id, requested_by=user.name,

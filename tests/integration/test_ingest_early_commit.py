@@ -10,8 +10,10 @@ sink and by setting ``applied_offsets``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import msgspec
@@ -19,11 +21,13 @@ import pytest
 from aiohttp import web
 
 from core.errors import BadRequest, NotFound, Unavailable
+from core.resources import default_config
 from schemas.batch import BatchCancelled, JobsSubmitted, UpdateCommitted
 from services.common import procs
 from services.common.settings import DatabaseSettings, LogSettings
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
+from services.ingest.commands import Commands
 from services.ingest.store import User
 
 from .ingest_harness import ALICE, WAIT_S, Harness, open_harness
@@ -185,3 +189,51 @@ async def test_a_batch_on_the_log_but_not_yet_projected_is_unavailable_not_missi
     with pytest.raises(NotFound, match=f"batch {b + 1000} not found"):
         await harness.commands.submit_jobs(b + 1000, 1, bunch(1), ALICE)
     assert time.monotonic() - t0 < WAIT_S
+
+
+async def test_bunches_of_an_update_share_its_check_for_a_short_while(
+        harness: Harness) -> None:
+    """Within ``update_check_ttl_s``, the bunches of an update reuse one check (one query),
+    yet this process's cancel or commit is refused at once, and another process's cancel
+    once the bound passed."""
+    commands = Commands(harness.commands.store, harness.publisher, default_config(),
+                        wait_s=WAIT_S, update_check_ttl_s=0.3)
+    store = commands.store
+    queries: list[tuple[int, int]] = []
+    checked = store.batch_and_update
+
+    def counted(batch_id: int, update_id: int, user: str) -> Any:
+        queries.append((batch_id, update_id))
+        return checked(batch_id, update_id, user)
+
+    store.batch_and_update = counted  # type: ignore[method-assign]
+    try:
+        for b in (11, 12, 13):
+            harness.project(*submission(b, 1, [job(i) for i in range(1, 5)], create=True,
+                                        commit=False)[:2])
+        await harness.projector_at_end()
+        for j in (1, 2, 3):
+            await commands.submit_jobs(11, 1, bunch(j), ALICE)
+        assert queries == [(11, 1)]
+
+        # This process's cancel: the next bunch is refused at once.
+        await commands.submit_jobs(12, 1, bunch(1), ALICE)
+        await commands.cancel_batch(12, ALICE)
+        harness.project(BatchCancelled(batch_id=12))
+        with pytest.raises(BadRequest, match="to a cancelled batch"):
+            await commands.submit_jobs(12, 1, bunch(2), ALICE)
+
+        # Another process's cancel: seen once the bound passed.
+        await commands.submit_jobs(13, 1, bunch(1), ALICE)
+        harness.project(BatchCancelled(batch_id=13))
+        await asyncio.sleep(0.35)
+        with pytest.raises(BadRequest, match="to a cancelled batch"):
+            await commands.submit_jobs(13, 1, bunch(2), ALICE)
+
+        # This process's commit: a late bunch is refused at once.
+        await commands.submit_jobs(11, 1, bunch(4), ALICE)
+        await commands.commit(11, 1, ALICE)
+        with pytest.raises(BadRequest, match="update 1 is already committed"):
+            await commands.submit_jobs(11, 1, bunch(4), ALICE)
+    finally:
+        store.batch_and_update = checked  # type: ignore[method-assign]
