@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -295,3 +296,50 @@ def test_request_from_a_jvm_spec_is_refused(tmp_path: Path) -> None:
                                      "jar_spec": {"type": "jar_url", "value": "x"}}}
     with pytest.raises(ValueError, match="not a docker job"):
         request_from_spec(spec, cwd=tmp_path)
+
+
+async def test_child_gets_default_signals_its_own_session_and_no_other_descriptor(
+        tmp_path: Path) -> None:
+    # Python ignores SIGPIPE and SIGXFSZ: a job must not inherit that; the job leads a new
+    # session; the worker's descriptors (sockets, logs) are not the job's, inheritable or not.
+    leaked = os.open(tmp_path, os.O_RDONLY)
+    high = os.dup2(leaked, 250, inheritable=True)
+    try:
+        outcome, log = await _run(["sh", "-c", 'grep -E "^(SigIgn|SigBlk)" /proc/self/status; '
+                                   'echo "session $(cut -d" " -f6 /proc/$$/stat) $$"; '
+                                   'echo fds $(ls /proc/self/fd)'], tmp_path)
+    finally:
+        os.close(leaked)
+        os.close(high)
+    assert outcome.state == "Success"
+    fields = {line.split()[0].rstrip(":"): line.split()[1:] for line in log.decode().splitlines()}
+    ignored = int(fields["SigIgn"][0], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
+    assert int(fields["SigBlk"][0], 16) == 0
+    assert fields["session"][0] == fields["session"][1]
+    assert str(high) not in fields["fds"] and {"0", "1", "2"} <= set(fields["fds"])
+
+
+async def test_path_is_the_jobs_not_the_workers(tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    tool = tools / "hs-own-tool"
+    tool.write_text("#!/bin/sh\necho found \"$0\"\n")
+    tool.chmod(0o755)
+    outcome, log = await _run(["hs-own-tool"], tmp_path, env={"PATH": f"/nowhere:{tools}"})
+    assert outcome.state == "Success" and log == f"found {tool}\n".encode()
+    missing, _ = await _run(["hs-own-tool"], tmp_path)
+    assert missing.state == "Error" and missing.short_error == "executable not found"
+
+
+async def test_relative_command_runs_from_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "here.sh").write_text("#!/bin/sh\necho here\n")
+    (tmp_path / "here.sh").chmod(0o755)
+    outcome, log = await _run(["./here.sh"], tmp_path)
+    assert outcome.state == "Success" and log == b"here\n"
+
+
+async def test_a_null_byte_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="null byte"):
+        await _run(["echo", "a\0b"], tmp_path)
+
