@@ -1,5 +1,5 @@
 """Ingest figures: job specs accepted per second for a big batch submitted with the official
-client, and batch status latency at 1,000 and at N jobs.
+client, and batch and job-group status latency at 1,000 and at N jobs.
 
 A private stack (its own data dir, free ports, its own database; durable broker by default,
 as `make up` runs it) is started with the stack CLI and stopped afterwards.
@@ -49,14 +49,14 @@ def _submit(url: str, token: str, n: int, cpu: str | None = None) -> dict[str, A
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _latency_ms(url: str, token: str, batch_ids: Sequence[int], n: int = 200
+def _latency_ms(url: str, token: str, paths: Sequence[str], n: int = 200
                 ) -> list[dict[str, float]]:
-    """Status latency of each batch, their requests alternating so that every batch is
-    measured under the same load (the big batch's jobs run meanwhile)."""
-    requests = [urllib.request.Request(f"{url}/api/v1alpha/batches/{b}",
+    """Latency of each GET (a path under ``/api/v1alpha``), their requests alternating so that
+    every one is measured under the same load (the big batch's jobs run meanwhile)."""
+    requests = [urllib.request.Request(f"{url}/api/v1alpha/{path}",
                                        headers={"Authorization": f"Bearer {token}"})
-                for b in batch_ids]
-    samples: list[list[float]] = [[] for _ in batch_ids]
+                for path in paths]
+    samples: list[list[float]] = [[] for _ in paths]
     for _ in range(n):
         for req, out in zip(requests, samples, strict=True):
             t0 = time.perf_counter()
@@ -170,7 +170,11 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         # not caught up: status and cancel are measured once the commit is visible.
         visible = _until(lambda: _get(url, token, big["id"])["closed"])
         spent = window.stop(n_jobs, extra={"client (hailtop)": big["cpu_seconds"]})
-        status_small, status_big = _latency_ms(url, token, [small["id"], big["id"]])
+        # The batch's status, and its root job group's (the group holding every job; any
+        # group's status is read the same way).
+        status_small, status_big, group_small, group_big = _latency_ms(url, token, [
+            f"batches/{small['id']}", f"batches/{big['id']}",
+            f"batches/{small['id']}/job-groups/0", f"batches/{big['id']}/job-groups/0"])
         out: dict[str, Any] = {
             "storage": "seaweedfs" if durable else "memory",
             "jobs": n_jobs,
@@ -182,6 +186,8 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "submit_1000_seconds": round(small["seconds"], 2),
             "status_ms_at_1000_jobs": status_small,
             f"status_ms_at_{n_jobs}_jobs": status_big,
+            "group_status_ms_at_1000_jobs": group_small,
+            f"group_status_ms_at_{n_jobs}_jobs": group_big,
             "commit_visible_after_submit_s": round(visible, 2),
         }
         cancelled = _cancel(url, token, big["id"])

@@ -56,6 +56,20 @@ def _outside_floor(results: Mapping[str, Mapping[str, Any]], scenario: str,
             f"were ingest, projector and MariaDB free")
 
 
+def _status_ratio(results: Mapping[str, Mapping[str, Any]], n: int | None, prefix: str,
+                  what: str) -> Assessment:
+    """A status read's median latency at ``n`` jobs over its latency at 1,000."""
+    figure = f"{what} status latency, 1M vs 1k jobs"
+    small = _get(results, "ingest", f"{prefix}status_ms_at_1000_jobs")
+    big = _get(results, "ingest", f"{prefix}status_ms_at_{n}_jobs") if n else None
+    if small is None or big is None or n is None:
+        return Assessment(figure, "-", "<= 1.2x", None)
+    ratio = big["median"] / small["median"]
+    note = f"median {big['median']} ms at {n:,} jobs vs {small['median']} ms at 1,000"
+    return Assessment(figure, f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2 and n >= 1_000_000,
+                      note + ("" if n >= 1_000_000 else "; the target's batch is 1M"))
+
+
 def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
     """Every target, judged from ``results`` (scenario -> figures) where they have the figure."""
     out: list[Assessment] = []
@@ -101,16 +115,8 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
                 note += f" ({alone_s * 1_000_000 / n:.1f} s scaled to 1M)"
         out.append(Assessment("1,000,000-job submit (hailtop)", f"{projected:.1f} s", "< 20 s",
                               projected < 20, note.removeprefix("; ")))
-    small = _get(results, "ingest", "status_ms_at_1000_jobs")
-    big = _get(results, "ingest", f"status_ms_at_{n}_jobs") if n else None
-    if small is None or big is None:
-        out.append(Assessment("batch status latency, 1M vs 1k jobs", "-", "<= 1.2x", None))
-    else:
-        ratio = big["median"] / small["median"]
-        note = f"median {big['median']} ms at {n:,} jobs vs {small['median']} ms at 1,000"
-        out.append(Assessment("batch status latency, 1M vs 1k jobs", f"{ratio:.2f}x", "<= 1.2x",
-                              ratio <= 1.2 and n >= 1_000_000,
-                              note + ("" if n >= 1_000_000 else "; the target's batch is 1M")))
+    for prefix, what in (("", "batch"), ("group_", "job-group")):
+        out.append(_status_ratio(results, n, prefix, what))
     cancel_ms = _get(results, "ingest", f"cancel_applied_ms_at_{n}_jobs") if n else None
     if cancel_ms is None:
         out.append(Assessment("1,000,000-job batch cancelled", "-", "<= 1 s", None))

@@ -39,11 +39,15 @@ def test_cancel_and_scheduler_memory() -> None:
                    "cancel_applied_ms_at_1000000_jobs": 40.0,
                    "cancel_scheduling_stopped_within_ms_at_1000000_jobs": 300,
                    "status_ms_at_1000_jobs": {"median": 3.0},
-                   "status_ms_at_1000000_jobs": {"median": 3.1}},
+                   "status_ms_at_1000000_jobs": {"median": 3.1},
+                   "group_status_ms_at_1000_jobs": {"median": 2.0},
+                   "group_status_ms_at_1000000_jobs": {"median": 2.6}},
         "scheduler-memory": {"jobs": 10_000_000, "projected_gib_at_10m_jobs": 2.6}})
     assert got["1,000,000-job batch cancelled"] == ("0.300 s", True)  # the slower of the two
     assert got["1,000,000-job submit (hailtop)"] == ("15.0 s", True)
     assert got["batch status latency, 1M vs 1k jobs"] == ("1.03x", True)
+    # the batch's and the job group's are judged apart: a slow group read is not hidden
+    assert got["job-group status latency, 1M vs 1k jobs"] == ("1.30x", False)
     assert got["scheduler memory for 10,000,000 jobs"] == ("2.6 GiB", True)
 
 
