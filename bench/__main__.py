@@ -3,10 +3,10 @@
 ``log``: envelopes through the log adapter. Without ``--bootstrap`` it starts its own broker:
 tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it afterwards.
 ``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
-batch status latency. ``execution``: a private full stack runs ``--exec-jobs`` no-op jobs end to
-end, beside the machine's process-spawn rate. Both stacks' broker keeps the log on SeaweedFS as
-``make up`` does, or in memory with ``--stack memory``. ``replay``: a generated log of
-``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
+batch and job-group status latency. ``execution``: a private full stack runs ``--exec-jobs``
+no-op jobs end to end, beside the machine's process-spawn rate. Both stacks' broker keeps the
+log on SeaweedFS as ``make up`` does, or in memory with ``--stack memory``. ``replay``: a
+generated log of ``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
 ``scheduler-memory``: the scheduler's state of one committed batch of ``--sched-jobs`` jobs.
 With no scenario named, all run. Prints a table per scenario, then every performance target of
 issue 6 with the figure that judges it and whether it is met (``bench/targets.py``), and writes
