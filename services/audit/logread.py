@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
 from core.log_gaps import GapGuard
-from services.common.log import LogError
+from services.common.log import LogError, start_client
 from services.common.settings import LogSettings
 
 
@@ -45,14 +45,17 @@ class PartitionReader:
             auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024, isolation_level="read_uncommitted")
         try:
-            await consumer.start()
+            await start_client(consumer.start, consumer.stop)
         except KafkaError as e:
-            await consumer.stop()
             raise LogError(f"starting the audit consumer: {e!r}", retryable=True) from e
-        self._consumer = consumer
         # Let aiokafka's no-group coordinator start its task: stopping the consumer before that
         # task first ran re-raises the task's cancellation from stop().
-        await asyncio.sleep(0)
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:  # no __aexit__ follows a failed __aenter__
+            await asyncio.gather(consumer.stop(), return_exceptions=True)
+            raise
+        self._consumer = consumer
         return self
 
     async def __aexit__(self, *exc: object) -> None:

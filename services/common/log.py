@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, Self
 
@@ -50,6 +50,40 @@ class LogError(Exception):
 def _classify(e: KafkaError, what: str) -> LogError:
     retryable = bool(getattr(e, "retriable", False)) or isinstance(e, KafkaConnectionError)
     return LogError(f"{what}: {type(e).__name__}: {e}", retryable=retryable)
+
+
+START_GRACE_S = 5.0
+"""How long a cancelled :func:`start_client` lets the start go on, so that closing finds every
+connection it opened."""
+
+
+async def start_client(start: Callable[[], Awaitable[None]],
+                       close: Callable[[], Awaitable[None]]) -> None:
+    """Start an aiokafka client such that no connection outlives a start that fails or is
+    cancelled.
+
+    aiokafka's bootstrap keeps the connection it is asking for metadata on in a local variable:
+    cancelled then, the connection is never closed (seen in CI as an unclosed socket, when a
+    replay was stopped while a lane's reader was starting). So the start runs shielded; on
+    cancellation it may go on for up to :data:`START_GRACE_S` (a reachable broker answers in
+    milliseconds), then the client is closed and the cancellation re-raised. A start that fails
+    closes the client before its error is raised.
+    """
+    task = asyncio.ensure_future(start())
+    try:
+        await asyncio.shield(task)
+    except BaseException:
+        try:
+            if not task.done():  # cancelled
+                await asyncio.wait({task}, timeout=START_GRACE_S)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # its error is the one raised
+            # Stopping a client whose start never ran to its end can re-raise the start's
+            # cancellation; the error worth raising is the one that stopped the start.
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await close()
+        raise
 
 
 class LogPosition(NamedTuple):
@@ -101,7 +135,7 @@ async def bootstrap_topics(settings: LogSettings, topics: Iterable[str] = ALL_TO
     :data:`TOPICS_READY_TIMEOUT_S`) until the topics are described whole.
     """
     admin = AIOKafkaAdminClient(**_common(settings))
-    await admin.start()
+    await start_client(admin.start, admin.close)
     try:
         existing = set(await admin.list_topics())
         wanted = [settings.topic(t) for t in topics]
@@ -132,7 +166,7 @@ async def bootstrap_topics(settings: LogSettings, topics: Iterable[str] = ALL_TO
 async def delete_topics(settings: LogSettings, topics: Iterable[str]) -> None:
     """Delete the logical ``topics`` (benchmarks and tests clean up after themselves)."""
     admin = AIOKafkaAdminClient(**_common(settings))
-    await admin.start()
+    await start_client(admin.start, admin.close)
     try:
         await admin.delete_topics([settings.topic(t) for t in topics])
     except KafkaError as e:
@@ -144,7 +178,7 @@ async def delete_topics(settings: LogSettings, topics: Iterable[str]) -> None:
 async def partitions_of(settings: LogSettings, topic: str) -> list[int]:
     """The partition numbers of a logical topic."""
     admin = AIOKafkaAdminClient(**_common(settings))
-    await admin.start()
+    await start_client(admin.start, admin.close)
     try:
         (desc,) = await admin.describe_topics([settings.topic(topic)])
         if desc["error_code"]:
@@ -198,9 +232,8 @@ class Publisher:
             compression_type=s.compression,
         )
         try:
-            await producer.start()
+            await start_client(producer.start, producer.stop)
         except KafkaError as e:
-            await producer.stop()
             raise _classify(e, "starting the producer") from e
         self._producer = producer
 
@@ -326,7 +359,10 @@ class LogConsumer:
             isolation_level="read_uncommitted", fetch_max_wait_ms=s.fetch_max_wait_ms,
         )
         try:
-            await consumer.start()
+            await start_client(consumer.start, consumer.stop)
+        except KafkaError as e:
+            raise _classify(e, "starting the consumer") from e
+        try:
             if o.group:
                 consumer.subscribe(list(self._logical), listener=_SeekToStored(self))
             else:
@@ -340,9 +376,13 @@ class LogConsumer:
                 consumer.assign(tps)
                 self._consumer = consumer
                 await self._seek(tps)
-        except KafkaError as e:
-            await consumer.stop()
-            raise _classify(e, "starting the consumer") from e
+        except BaseException as e:  # a failed or cancelled seek too: no consumer left open
+            self._consumer = None
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await consumer.stop()
+            if isinstance(e, KafkaError):
+                raise _classify(e, "starting the consumer") from e
+            raise
         self._consumer = consumer
 
     async def stop(self) -> None:
@@ -425,7 +465,10 @@ async def high_watermarks(settings: LogSettings, topics: Iterable[str] = ALL_TOP
     """
     consumer = AIOKafkaConsumer(**_common(settings), enable_auto_commit=False,
                                 max_partition_fetch_bytes=1024, fetch_max_bytes=64 * 1024)
-    await consumer.start()
+    try:
+        await start_client(consumer.start, consumer.stop)
+    except KafkaError as e:
+        raise _classify(e, "reading high watermarks") from e
     try:
         logical = {settings.topic(t): t for t in topics}
         tps = []

@@ -21,7 +21,7 @@ async def admin_client(log: LogSettings, *, timeout_ms: int = 5_000
     admin = AIOKafkaAdminClient(bootstrap_servers=log.bootstrap_servers,
                                 client_id=f"{log.client_id}-stack",
                                 request_timeout_ms=timeout_ms)
-    await admin.start()
+    await log_module.start_client(admin.start, admin.close)
     try:
         yield admin
     finally:

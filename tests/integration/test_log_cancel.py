@@ -1,0 +1,122 @@
+"""Cancelling the start of a log client at any step leaves no connection open.
+
+aiokafka's bootstrap leaks the connection it asks for metadata on when cancelled mid-request;
+CI once failed on that socket, garbage-collected in a later test (a replay stopped while its
+reader started). Each client here is started and cancelled after 0, 1, 2, ... turns of the event
+loop (more and more) until a start ends before its cancellation, so every step of a start is hit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+
+from services.audit.logread import PartitionReader
+from services.common.log import (
+    ConsumerOptions,
+    LogConsumer,
+    Publisher,
+    bootstrap_topics,
+    high_watermarks,
+)
+from services.common.settings import TOPIC_BATCH, LogSettings
+
+pytestmark = pytest.mark.integration
+
+MAX_TRIES = 120
+"""Starts tried per client, a bound so the test ends: every turn up to 40, then turns growing
+by a tenth each time (waiting for the broker, a start spends many turns on one step)."""
+
+
+def _turns(tries: int) -> Iterator[int]:
+    turns = 0
+    for _ in range(tries):
+        yield turns
+        turns = turns + 1 if turns < 40 else int(turns * 1.1)
+
+Use = Callable[[Callable[[], None]], Awaitable[None]]
+"""Starts a client, calls its argument once started, then waits to be cancelled."""
+
+
+def _cancel_at_every_turn(use: Use, *, tries: int = MAX_TRIES, until_up: bool = True) -> int:
+    """Cancel ``use`` after k loop turns for growing k until it got past its start (or for
+    ``tries`` turns, without ``until_up``); return how many cancellations hit a start still
+    going on. Fails on any unclosed connection."""
+
+    async def once(turns: int) -> bool:
+        up = asyncio.Event()
+        task = asyncio.create_task(use(up.set))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        (result,) = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(result, asyncio.CancelledError), result
+        return up.is_set()
+
+    mid_start = 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        for turns in _turns(tries):
+            past = asyncio.run(once(turns))
+            gc.collect()  # an unclosed connection warns when collected
+            if past:
+                break
+            mid_start += 1
+        else:
+            if until_up:
+                pytest.fail(f"no start ended in {tries} tries")
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+    return mid_start
+
+
+async def _wait_forever(up: Callable[[], None]) -> None:
+    up()
+    await asyncio.sleep(3600)
+
+
+def test_a_partition_reader(log_settings: LogSettings) -> None:
+    async def use(up: Callable[[], None]) -> None:
+        async with PartitionReader(log_settings):
+            await _wait_forever(up)
+
+    assert _cancel_at_every_turn(use) > 5
+
+
+def test_an_ungrouped_consumer(log_settings: LogSettings) -> None:
+    asyncio.run(bootstrap_topics(log_settings, [TOPIC_BATCH]))
+
+    async def use(up: Callable[[], None]) -> None:
+        async with LogConsumer(log_settings, ConsumerOptions(
+                name="cancel", topics=[TOPIC_BATCH], group=False)):
+            await _wait_forever(up)
+
+    assert _cancel_at_every_turn(use) > 5
+
+
+def test_a_publisher(log_settings: LogSettings) -> None:
+    async def use(up: Callable[[], None]) -> None:
+        async with Publisher(log_settings):
+            await _wait_forever(up)
+
+    assert _cancel_at_every_turn(use) > 5
+
+
+def test_a_high_watermark_read_and_a_topic_bootstrap(log_settings: LogSettings) -> None:
+    asyncio.run(bootstrap_topics(log_settings, [TOPIC_BATCH]))
+
+    async def marks(up: Callable[[], None]) -> None:
+        await high_watermarks(log_settings, [TOPIC_BATCH])
+        await _wait_forever(up)
+
+    async def topics(up: Callable[[], None]) -> None:
+        await bootstrap_topics(log_settings, [TOPIC_BATCH])
+        await _wait_forever(up)
+
+    # Reading the marks spends a second or two in fetches after its start: only the start and
+    # the first fetches are swept.
+    assert _cancel_at_every_turn(marks, tries=60, until_up=False) == 60
+    assert _cancel_at_every_turn(topics) > 5
