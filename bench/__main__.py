@@ -8,9 +8,10 @@ no-op jobs end to end, beside the machine's process-spawn rate. Both stacks' bro
 log on SeaweedFS as ``make up`` does, or in memory with ``--stack memory``. ``replay``: a
 generated log of ``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
 ``scheduler-memory``: the scheduler's state of one committed batch of ``--sched-jobs`` jobs.
-With no scenario named, all run. Prints a table per scenario, then every performance target of
-issue 6 with the figure that judges it and whether it is met (``bench/targets.py``), and writes
-the same as JSON to bench/results/.
+With no scenario named, all run. Prints a table per scenario, the machine's speed before and
+after (``bench/machine.py``: this VM's speed varies by the hour, and the rates with it), then
+every performance target of issue 6 with the figure that judges it and whether it is met
+(``bench/targets.py``), and writes the same as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from bench import (
     execution,
     ingest_throughput,
     log_throughput,
+    machine,
     replay,
     scheduler_memory,
     targets,
@@ -96,6 +98,7 @@ def main() -> None:
     # Marks the brokers this run starts, so the CPU they spend is counted (bench/cpu.py).
     os.environ["HS_BENCH_RUN"] = run_id = uuid.uuid4().hex
     marker = f"HS_BENCH_RUN={run_id}".encode()
+    speed_before = machine.python_mops()
     if "log" in scenarios:
         settings = load_settings().log
         with ExitStack() as stack:
@@ -121,25 +124,28 @@ def main() -> None:
                                            args.replay_jobs, marker=marker)
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
-    for name, figures in results.items():
+    speed = {"python_mops_before": round(speed_before, 2),
+             "python_mops_after": round(machine.python_mops(), 2)}
+    for name, figures in [*results.items(), ("machine", speed)]:
         table = Table(title=name)
         table.add_column("figure")
         table.add_column("value", justify="right")
         for key, value in figures.items():
             table.add_row(key, str(value))
         Console().print(table)
-    assessed = targets.assess(results)
+    assessed = targets.assess({**results, "machine": speed})
     table = Table(title="targets")
     for column in ("figure", "measured", "target", "met", "note"):
         table.add_column(column, justify="right" if column == "measured" else "left")
     for a in assessed:
         table.add_row(a.figure, a.measured, a.target,
-                      "not measured" if a.met is None else "yes" if a.met else "NO", a.note)
+                      "-" if a.target == targets.DIAGNOSTIC else "not measured" if a.met is None
+                      else "yes" if a.met else "NO", a.note)
     Console().print(table)
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench-{'-'.join(results)}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    report = {**results, "targets": [dataclasses.asdict(a) for a in assessed]}
+    report = {**results, "machine": speed, "targets": [dataclasses.asdict(a) for a in assessed]}
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {path}")
 

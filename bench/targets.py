@@ -24,6 +24,10 @@ class Assessment:
     note: str = ""
 
 
+DIAGNOSTIC = "(diagnostic)"
+"""The target of a row that is context for the others, judged by nothing."""
+
+
 def _get(results: Mapping[str, Mapping[str, Any]], scenario: str, key: str) -> Any:
     return results.get(scenario, {}).get(key)
 
@@ -88,7 +92,7 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
     log_rate = _get(results, "execution", "log_jobs_per_s")
     if log_rate is not None:
         out.append(Assessment("no-op jobs/s on the log (first SJ to last MJC)", f"{log_rate}",
-                              "(diagnostic)", None, "scheduler + workers, without the projector"))
+                              DIAGNOSTIC, None, "scheduler + workers, without the projector"))
     seconds = _get(results, "ingest", "submit_seconds")
     n = _get(results, "ingest", "jobs")
     if seconds is None:
@@ -156,4 +160,11 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             "scheduler memory for 10,000,000 jobs", f"{gib} GiB", "< 4 GiB", gib < 4,
             f"resident memory of the folded state at {sched_jobs:,} jobs"
             + ("" if sched_jobs >= 10_000_000 else ", scaled linearly")))
+    before = _get(results, "machine", "python_mops_before")
+    after = _get(results, "machine", "python_mops_after")
+    if before is not None and after is not None:
+        out.append(Assessment(
+            "machine speed (pure-Python probe, M iterations/s)", f"{before} -> {after}",
+            DIAGNOSTIC, None, "before and after the run: this VM's speed varies by the hour "
+            "and the CPU-bound rates above move with it (bench/machine.py)"))
     return out

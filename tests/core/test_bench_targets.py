@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.targets import assess
+from bench.machine import python_mops
+from bench.targets import DIAGNOSTIC, assess
 
 
 def by_figure(results: dict[str, dict[str, object]]) -> dict[str, tuple[str, bool | None]]:
@@ -107,3 +108,15 @@ def test_the_clients_ceiling_against_an_instant_server_is_stated_and_scaled() ->
     assert "scaled" not in note(1_000_000, 15.7)
     assert "answers at once: 1.2 s (12.0 s scaled to 1M)" in note(100_000, 1.2)
     assert "answers at once" not in note(1_000_000, None)
+
+
+def test_the_machine_speed_is_a_diagnostic_row_beside_the_targets() -> None:
+    got = {a.figure: a for a in assess({"machine": {"python_mops_before": 1.85,
+                                                    "python_mops_after": 1.72}})}
+    row = got["machine speed (pure-Python probe, M iterations/s)"]
+    assert (row.measured, row.target, row.met) == ("1.85 -> 1.72", DIAGNOSTIC, None)
+    assert "machine speed (pure-Python probe, M iterations/s)" not in by_figure({})
+
+
+def test_the_machine_probe_is_a_rate_of_the_loop() -> None:
+    assert 0 < python_mops(iterations=20_000, rounds=2) < float("inf")
