@@ -8,8 +8,8 @@ no-op jobs end to end, beside the machine's process-spawn rate. Both stacks' bro
 log on SeaweedFS as ``make up`` does, or in memory with ``--stack memory``. ``replay``: a
 generated log of ``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
 ``scheduler-memory``: the scheduler's state of one committed batch of ``--sched-jobs`` jobs.
-With no scenario named, all run. Prints a table per scenario, the machine's speed before and
-after (``bench/machine.py``: this VM's speed varies by the hour, and the rates with it), then
+With no scenario named, all run. Prints a table per scenario, the machine's speed during the
+run (``bench/machine.py``: this VM's speed varies by the hour, and the rates with it), then
 every performance target of issue 6 with the figure that judges it and whether it is met
 (``bench/targets.py``), and writes the same as JSON to bench/results/.
 """
@@ -98,7 +98,8 @@ def main() -> None:
     # Marks the brokers this run starts, so the CPU they spend is counted (bench/cpu.py).
     os.environ["HS_BENCH_RUN"] = run_id = uuid.uuid4().hex
     marker = f"HS_BENCH_RUN={run_id}".encode()
-    speed_before = machine.python_mops()
+    sampler = machine.Sampler()
+    sampler.start()
     if "log" in scenarios:
         settings = load_settings().log
         with ExitStack() as stack:
@@ -124,8 +125,7 @@ def main() -> None:
                                            args.replay_jobs, marker=marker)
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
-    speed = {"python_mops_before": round(speed_before, 2),
-             "python_mops_after": round(machine.python_mops(), 2)}
+    speed = sampler.stop()
     for name, figures in [*results.items(), ("machine", speed)]:
         table = Table(title=name)
         table.add_column("figure")

@@ -36,8 +36,11 @@ HAIL_PYTHON = REPO / ".venv-hail" / "bin" / "python"
 
 
 def _stack(env: dict[str, str], *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "services.stack", *args], env=env, cwd=REPO,
-                   check=True, capture_output=True, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "services.stack", *args], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:  # what the stack said, not only its exit code
+        raise RuntimeError(f"`python -m services.stack {' '.join(args)}` exited with code "
+                           f"{out.returncode}:\n{out.stdout}{out.stderr}")
 
 
 def _submit(url: str, token: str, n: int, cpu: str | None = None) -> dict[str, Any]:

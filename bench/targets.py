@@ -160,11 +160,12 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             "scheduler memory for 10,000,000 jobs", f"{gib} GiB", "< 4 GiB", gib < 4,
             f"resident memory of the folded state at {sched_jobs:,} jobs"
             + ("" if sched_jobs >= 10_000_000 else ", scaled linearly")))
-    before = _get(results, "machine", "python_mops_before")
-    after = _get(results, "machine", "python_mops_after")
-    if before is not None and after is not None:
+    median = _get(results, "machine", "python_mops_median")
+    if median is not None:
         out.append(Assessment(
-            "machine speed (pure-Python probe, M iterations/s)", f"{before} -> {after}",
-            DIAGNOSTIC, None, "before and after the run: this VM's speed varies by the hour "
-            "and the CPU-bound rates above move with it (bench/machine.py)"))
+            "machine speed (pure-Python probe, M iterations/s)", f"{median}", DIAGNOSTIC, None,
+            f"median of {_get(results, 'machine', 'samples')} samples over the run, 10th-90th "
+            f"percentile {_get(results, 'machine', 'python_mops_p10')}-"
+            f"{_get(results, 'machine', 'python_mops_p90')}: this VM's speed varies by the "
+            "hour and the CPU-bound rates above move with it (bench/machine.py)"))
     return out

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.machine import python_mops
+import time
+
+from bench.machine import Sampler, python_mops, summary
 from bench.targets import DIAGNOSTIC, assess
 
 
@@ -111,11 +113,27 @@ def test_the_clients_ceiling_against_an_instant_server_is_stated_and_scaled() ->
 
 
 def test_the_machine_speed_is_a_diagnostic_row_beside_the_targets() -> None:
-    got = {a.figure: a for a in assess({"machine": {"python_mops_before": 1.85,
-                                                    "python_mops_after": 1.72}})}
+    speed = summary([3.4, 6.5, 6.4, 5.0, 3.6])
+    assert speed == {"python_mops_median": 5.0, "python_mops_p10": 3.4,
+                     "python_mops_p90": 6.5, "samples": 5}
+    got = {a.figure: a for a in assess({"machine": speed})}
     row = got["machine speed (pure-Python probe, M iterations/s)"]
-    assert (row.measured, row.target, row.met) == ("1.85 -> 1.72", DIAGNOSTIC, None)
+    assert (row.measured, row.target, row.met) == ("5.0", DIAGNOSTIC, None)
+    assert "3.4-6.5" in row.note and "5 samples" in row.note
     assert "machine speed (pure-Python probe, M iterations/s)" not in by_figure({})
+    assert summary([]) == {}
+
+
+def test_the_sampler_samples_until_stopped() -> None:
+    sampler = Sampler(every_s=0.01, iterations=1_000)
+    sampler.start()
+    while len(sampler._samples) < 3:
+        time.sleep(0.01)
+    got = sampler.stop()
+    assert got["samples"] >= 3 and 0 < got["python_mops_p10"] <= got["python_mops_p90"]
+    n = got["samples"]
+    time.sleep(0.05)
+    assert len(sampler._samples) == n  # no sample after stop()
 
 
 def test_the_machine_probe_is_a_rate_of_the_loop() -> None:
