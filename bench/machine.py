@@ -1,8 +1,8 @@
 """How fast this machine runs Python while a benchmark runs, so runs compare.
 
 The machine is a shared VM whose speed varies by the hour, and by the minute in a bad hour: on
-2026-11-27 the same code cost 1.2-1.4 ms of CPU per no-op job end to end in the afternoon and
-3.3 ms the next morning, and its rate moved with it (1,215-1,380 vs 573 jobs/s); that morning
+2026-11-27 the same code cost 1.2-1.4 ms of CPU per no-op job end to end in one session and
+3.3 ms in another, and its rate moved with it (1,215-1,380 vs 573 jobs/s); in the slow one
 this probe read 3.4 and 6.5 within twenty seconds. A figure says little about the code without
 the machine's speed beside it.
 
