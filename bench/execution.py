@@ -13,6 +13,11 @@ spawn.
 fast the scheduler and workers run jobs, before the projector makes completion visible to the
 API. ``idle_cpu_ms_per_s`` is what the stack costs doing nothing, watched for ``IDLE_S`` before
 the run: mostly consumers polling the broker, which the run pays as well.
+``cpu_ms_per_job_first_half`` and ``_second_half`` split the run's CPU at the moment half the jobs
+had completed (the submission falls in the first half). The local broker's share grows from one
+to the other: tansu walks every record batch stored in a partition on each fetch
+(``../shared/kafka-broker.md``), and the batch's partition gains batches all through the run,
+while Kafka finds a fetch's offset in an index.
 """
 
 from __future__ import annotations
@@ -96,6 +101,12 @@ async def _log_rate(log: LogSettings, batch_id: int) -> float:
     return 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
 
 
+def _per_job(spent: dict[str, Any]) -> dict[str, float]:
+    figures = spent["cpu_ms_per_job"]
+    assert isinstance(figures, dict)
+    return figures
+
+
 def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
     spawn_1 = asyncio.run(_spawn_rate(1_000, 1))
     spawn_16 = asyncio.run(_spawn_rate(2_000, 16))
@@ -123,12 +134,24 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
         idle = quiet.stop(IDLE_S, unit="s")
         window = cpu.Window.of_stack(str(tmp))
         window.start()
+        # The same again per half of the run (by jobs completed): a component whose CPU per
+        # job grows through the run costs more in the second (the local broker: see the
+        # module's docstring).
+        first_half = cpu.Window(window.marker, children=False)
+        first_half.start()
+        second_half = cpu.Window(window.marker, children=False)
+        halves: dict[str, dict[str, float]] = {}
+        half_done = 0
         launched = time.time()
         big = _submit(url, token, n_jobs, "0.25")
         while True:
             status = _status(url, token, big["id"])
             if status["complete"]:
                 break
+            if not halves and n_jobs // 2 <= status["n_completed"] < n_jobs:
+                half_done = status["n_completed"]
+                halves["cpu_ms_per_job_first_half"] = _per_job(first_half.stop(half_done))
+                second_half.start()
             time.sleep(0.5)  # polling is load on ingest and MariaDB: the end is read below
         # From the client's submit() call to the batch complete as the API reports it (the
         # projection's completion time, to the millisecond): the client's interpreter start,
@@ -136,6 +159,9 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
         completed = datetime.strptime(status["time_completed"], "%Y-%m-%dT%H:%M:%S.%f%z")
         elapsed = completed.timestamp() - big["started_at"]
         spent = window.stop(n_jobs)
+        if halves:
+            halves["cpu_ms_per_job_second_half"] = _per_job(
+                second_half.stop(n_jobs - half_done))
         log = load_settings(env).log
         log_rate = asyncio.run(_log_rate(log, big["id"]))
         return {
@@ -153,6 +179,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             "spawn_per_s_serial": round(spawn_1),
             "spawn_per_s_16_concurrent": round(spawn_16),
             **spent,
+            **halves,
             "idle_cpu_ms_per_s": idle["cpu_ms_per_s"],
         }
     finally:
