@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
+from itertools import repeat
+from operator import add, itemgetter
 from typing import Any
 
 import sqlalchemy as sa
 from pymysql.constants import CLIENT
 
 from core.projection.ops import Row
-from services.projector.writer import rendered, value_tuples
 
 CONNECT_ARGS: dict[str, Any] = {"local_infile": True}
 """PyMySQL's connect arguments that let a connection load local files."""
@@ -79,11 +80,42 @@ def text(value: object) -> str:
     raise TypeError(f"no load-file form for {t.__name__} values")
 
 
-def lines(columns: Sequence[str], rows: Iterable[Row]) -> Iterator[str]:
-    """The load file's lines: the values of ``columns`` of each row, tab-separated (each
-    distinct value rendered once). TypeError for a value :func:`text` has no form for."""
-    for fields in rendered(value_tuples(columns, rows), text, {None: "\\N"}):
-        yield "\t".join(fields) + "\n"
+_SCALARS: dict[object, str] = {None: "\\N", True: "1", False: "0"}
+# True == 1 and False == 0 as keys: the ints 1 and 0 look up "1" and "0", their own text.
+_NUMBERS = frozenset({int, bool, type(None)})
+_TEXTS = frozenset({str, type(None)})
+_LOADABLE = _NUMBERS | _TEXTS
+_SPECIAL = tuple(chr(c) for c in _ESCAPES)
+
+
+def column(values: list[object]) -> list[str]:
+    """The load-file fields of one column's ``values``, as :func:`text` renders each.
+
+    A whole column at a time, in C calls: a rebuild loads a million rows, and rendering value
+    by value in Python was a quarter of a bulk lane's time (profiled). A column of ints, bools
+    and NULLs is looked up and stringified; a column of texts and NULLs is escaped only when
+    some text holds a character to escape. TypeError for a value :func:`text` has no form for.
+    """
+    kinds = set(map(type, values))
+    if not kinds <= _LOADABLE:
+        odd = min(k.__name__ for k in kinds - _LOADABLE)
+        raise TypeError(f"no load-file form for {odd} values")
+    if kinds <= _NUMBERS:
+        return list(map(str, map(_SCALARS.get, values, values)))
+    if kinds <= _TEXTS:
+        joined = "".join(filter(None, values))  # type: ignore[arg-type]  # texts only
+        if not any(c in joined for c in _SPECIAL):
+            return list(map(_SCALARS.get, values, values))  # type: ignore[arg-type]
+    return list(map(text, values))
+
+
+def lines(columns: Sequence[str], rows: Sequence[Row]) -> list[str]:
+    """The load file's lines: the values of ``columns`` of each row, tab-separated.
+    TypeError for a value :func:`text` has no form for."""
+    if not columns:
+        raise ValueError("a row of no columns has no values")
+    fields = [column(list(map(itemgetter(c), rows))) for c in columns]
+    return list(map(add, map("\t".join, zip(*fields, strict=True)), repeat("\n")))
 
 
 def load(conn: sa.Connection, table: str, rows: Sequence[Row], *,

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 
 from core.projection.ops import Increment, InsertIgnore, Op, Row
 from services.audit.bulk import _loads, _write
-from services.audit.load import CONNECT_ARGS, LoadError, NotLoadable, can_load, lines, load
+from services.audit.load import (
+    CONNECT_ARGS,
+    LoadError,
+    NotLoadable,
+    can_load,
+    column,
+    lines,
+    load,
+    text,
+)
 from services.audit.replay import ReplayStats
 from services.common.settings import DatabaseSettings
 
@@ -109,6 +118,22 @@ def test_values_without_a_text_form_are_refused_before_anything_is_sent(
         list(lines(["a"], [{"a": b"x"}]))
     assert list(lines(["a", "b"], [{"b": None, "a": True}, {"a": 1, "b": "t\tx"}])) == [
         "1\t\\N\n", "1\tt\\tx\n"]
+
+
+@given(st.lists(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12),
+                         st.sampled_from(TRICKY)), min_size=1, max_size=30))
+def test_a_column_renders_as_its_values_one_by_one(values: list[object]) -> None:
+    """The column-at-a-time rendering is the value-at-a-time one, whatever the column holds."""
+    assert column(values) == [text(v) for v in values]
+    for kinds in ([v for v in values if type(v) in (int, bool) or v is None] or [None],
+                  [v for v in values if type(v) is str or v is None] or [None]):
+        assert column(kinds) == [text(v) for v in kinds]
+
+
+@pytest.mark.parametrize("odd", [1.5, b"x", Decimal(1), ["a"]], ids=repr)
+def test_a_column_with_a_value_without_a_text_form_is_refused(odd: object) -> None:
+    with pytest.raises(TypeError, match=type(odd).__name__):
+        column([1, None, odd, "a"])
 
 
 def test_rows_that_cannot_be_loaded_are_inserted(engine: sa.Engine) -> None:
