@@ -25,7 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from itertools import repeat
 from operator import add, itemgetter
-from typing import Any
+from typing import Any, cast
 
 import sqlalchemy as sa
 from pymysql.constants import CLIENT
@@ -88,34 +88,71 @@ _LOADABLE = _NUMBERS | _TEXTS
 _SPECIAL = tuple(chr(c) for c in _ESCAPES)
 
 
-def column(values: list[object]) -> list[str]:
+def column(values: list[object], kinds: set[type] | None = None) -> list[str]:
     """The load-file fields of one column's ``values``, as :func:`text` renders each.
 
     A whole column at a time, in C calls: a rebuild loads a million rows, and rendering value
     by value in Python was a quarter of a bulk lane's time (profiled). A column of ints, bools
     and NULLs is looked up and stringified; a column of texts and NULLs is escaped only when
-    some text holds a character to escape. TypeError for a value :func:`text` has no form for.
+    some text holds a character to escape. TypeError for a value :func:`text` has no form for
+    (``kinds``: the values' types, when the caller has them).
     """
-    kinds = set(map(type, values))
-    if not kinds <= _LOADABLE:
-        odd = min(k.__name__ for k in kinds - _LOADABLE)
-        raise TypeError(f"no load-file form for {odd} values")
+    if kinds is None:
+        kinds = _kinds(values)
     if kinds <= _NUMBERS:
+        if kinds == _INTS:
+            return list(map(str, values))
         return list(map(str, map(_SCALARS.get, values, values)))
     if kinds <= _TEXTS:
         joined = "".join(filter(None, values))  # type: ignore[arg-type]  # texts only
         if not any(c in joined for c in _SPECIAL):
+            if kinds == _STRS:
+                return cast(list[str], values)
             return list(map(_SCALARS.get, values, values))  # type: ignore[arg-type]
     return list(map(text, values))
 
 
-def lines(columns: Sequence[str], rows: Sequence[Row]) -> list[str]:
-    """The load file's lines: the values of ``columns`` of each row, tab-separated.
-    TypeError for a value :func:`text` has no form for."""
+_INTS = frozenset({int})
+_STRS = frozenset({str})
+
+
+def _kinds(values: list[object]) -> set[type]:
+    kinds = set(map(type, values))
+    if not kinds <= _LOADABLE:
+        odd = min(k.__name__ for k in kinds - _LOADABLE)
+        raise TypeError(f"no load-file form for {odd} values")
+    return kinds
+
+
+def lines(columns: Sequence[str], rows: Sequence[Row]) -> tuple[list[str], list[str]]:
+    """The load file's lines, and the columns they hold in their order: the values of each
+    row, tab-separated. TypeError for a value :func:`text` has no form for.
+
+    A column whose value is the same in every row (a batch's rows share most: batch, state,
+    pool, resources...) is rendered once, and those columns go last, joined once into a tail
+    every line ends with; the other columns go first, in their order."""
     if not columns:
         raise ValueError("a row of no columns has no values")
-    fields = [column(list(map(itemgetter(c), rows))) for c in columns]
-    return list(map(add, map("\t".join, zip(*fields, strict=True)), repeat("\n")))
+    varying: list[tuple[str, list[str]]] = []
+    shared: list[tuple[str, str]] = []
+    n = len(rows)
+    for c in columns:
+        values = list(map(itemgetter(c), rows))
+        first = values[0]
+        kinds = _kinds(values)
+        # One kind, all equal: one text (equal values of one loadable kind render alike).
+        if len(kinds) == 1 and values.count(first) == n:
+            shared.append((c, text(first)))
+        else:
+            varying.append((c, column(values, kinds)))
+    tail = "\t".join(t for _, t in shared) + "\n"
+    order = [c for c, _ in varying] + [c for c, _ in shared]
+    if not varying:
+        return order, [tail] * n
+    if shared:
+        tail = "\t" + tail
+    fields = [f for _, f in varying]
+    return order, list(map(add, map("\t".join, zip(*fields, strict=True)), repeat(tail)))
 
 
 def load(conn: sa.Connection, table: str, rows: Sequence[Row], *,
@@ -125,9 +162,9 @@ def load(conn: sa.Connection, table: str, rows: Sequence[Row], *,
     :class:`NotLoadable` (before anything is sent) for a value without a text form."""
     if not rows:
         return
-    columns = list(rows[0])
     try:
-        body = "".join(lines(columns, rows)).encode()
+        columns, body_lines = lines(list(rows[0]), rows)
+        body = "".join(body_lines).encode()
     except TypeError as e:  # nothing was sent
         raise NotLoadable(f"rows of {table}: {e}") from None
     try:

@@ -115,9 +115,37 @@ def test_values_without_a_text_form_are_refused_before_anything_is_sent(
             load(conn, TABLE, [{"id": 1, "n": 1}, {"id": 2, "n": 1.5}])
         assert _read(conn) == []
     with pytest.raises(TypeError):
-        list(lines(["a"], [{"a": b"x"}]))
-    assert list(lines(["a", "b"], [{"b": None, "a": True}, {"a": 1, "b": "t\tx"}])) == [
-        "1\t\\N\n", "1\tt\\tx\n"]
+        lines(["a"], [{"a": b"x"}])
+    with pytest.raises(TypeError, match="bytes"):
+        lines(["a"], [{"a": b"x"}, {"a": b"x"}])  # the same in every row: refused all the same
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8),
+                    st.sampled_from(TRICKY))
+
+
+@given(st.integers(1, 12).flatmap(lambda n: st.lists(
+    st.one_of(st.lists(_VALUES, min_size=n, max_size=n),  # a column of any values
+              _VALUES.map(lambda v: [v] * n)),  # a column of one value
+    min_size=1, max_size=6)))
+def test_every_line_holds_its_rows_values(table: list[list[object]]) -> None:
+    """Whatever columns are shared or not, each line is the row's values in the order given."""
+    columns = [f"c{i}" for i in range(len(table))]
+    rows: list[Row] = [dict(zip(columns, values, strict=True))
+                       for values in zip(*table, strict=True)]
+    order, got = lines(columns, rows)
+    assert sorted(order) == columns
+    assert [dict(zip(order, line[:-1].split("\t"), strict=True)) for line in got] == [
+        {c: text(row[c]) for c in columns} for row in rows]
+
+
+def test_columns_of_one_value_are_rendered_once_and_go_last() -> None:
+    rows: list[Row] = [{"b": None, "a": True, "c": 7, "d": "s"},
+                       {"a": 1, "b": "t\tx", "c": 7, "d": "s"}]
+    assert lines(["c", "a", "d", "b"], rows) == (["a", "b", "c", "d"], [
+        "1\t\\N\t7\ts\n", "1\tt\\tx\t7\ts\n"])
+    assert lines(["c", "d"], rows) == (["c", "d"], ["7\ts\n", "7\ts\n"])
+    assert lines(["b"], rows) == (["b"], ["\\N\n", "t\\tx\n"])
 
 
 @given(st.lists(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12),
