@@ -31,6 +31,7 @@ from schemas.base import BatchEvent
 from services.audit.load import NotLoadable, can_load, load
 from services.audit.logread import PartitionReader
 from services.audit.replay import (
+    Claims,
     Progress,
     ReplayStats,
     Span,
@@ -52,14 +53,15 @@ in transactions of 100,000 cost 0.021 ms of CPU per event (MariaDB and Python), 
 in transactions of 20,000; inserting them cost 0.028 either way."""
 
 
-async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
-                    batch_size: int, progress: Progress | None) -> None:
+async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span] | Claims,
+                    stats: ReplayStats, batch_size: int, progress: Progress | None) -> None:
     """Replay ``todo`` into the sink's database: folded batches in bulk, the rest by ``sink``.
 
     Spans the consumer applied anything of, and spans too large to hold, go through ``sink``
     record by record as :func:`services.audit.replay.replay` would.
     """
-    stored = sink.store.load(sink.consumer, sorted({s.topic for s in todo}))
+    every = todo.spans if isinstance(todo, Claims) else todo
+    stored = sink.store.load(sink.consumer, sorted({s.topic for s in every}))
     async with PartitionReader(log, max_records=batch_size) as reader:
         for span in todo:
             bulk = span.size <= MAX_RECORDS and not stored.get((span.topic, span.partition))

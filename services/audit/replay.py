@@ -22,9 +22,10 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from multiprocessing.process import BaseProcess
+from multiprocessing.sharedctypes import Synchronized
 from typing import Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
@@ -132,6 +133,30 @@ def lanes_of(todo: Sequence[Span], n: int) -> list[list[Span]]:
     return [lane for lane in out if lane]
 
 
+class Claims:
+    """The spans of a replay, each taken by exactly one lane, in the given order, by whichever
+    lane asks first: lanes in any process iterate over the same claims (``next_index`` is
+    shared memory, the index of the next span to take).
+
+    A lane process starts about a second after the lane that runs in the calling process
+    (importing what that one has loaded already); with spans spread over lanes up front, that
+    lane then sat idle for the second at the end (measured: 5.3 of 6.4 s busy, 2 lanes).
+    """
+
+    def __init__(self, todo: Sequence[Span], next_index: Synchronized[int]) -> None:
+        self.spans = tuple(todo)
+        self._next = next_index
+
+    def __iter__(self) -> Iterator[Span]:
+        while True:
+            with self._next.get_lock():
+                i = self._next.value
+                self._next.value = i + 1
+            if i >= len(self.spans):
+                return
+            yield self.spans[i]
+
+
 async def replay(log: LogSettings, sink: Sink, todo: Sequence[Span], *,
                  batch_size: int = BATCH_SIZE, lanes: int = 1,
                  progress: Progress | None = None, bulk: bool = False) -> ReplayStats:
@@ -153,7 +178,8 @@ async def replay(log: LogSettings, sink: Sink, todo: Sequence[Span], *,
     return stats
 
 
-async def _run_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
+async def _run_lane(log: LogSettings, sink: Sink, todo: Sequence[Span] | Claims,
+                    stats: ReplayStats,
                     batch_size: int, progress: Progress | None, bulk: bool) -> None:
     if bulk:
         from services.audit.bulk import bulk_lane  # it builds on this module
@@ -163,7 +189,7 @@ async def _run_lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: R
         await _lane(log, sink, todo, stats, batch_size, progress)
 
 
-async def _lane(log: LogSettings, sink: Sink, todo: Sequence[Span], stats: ReplayStats,
+async def _lane(log: LogSettings, sink: Sink, todo: Iterable[Span], stats: ReplayStats,
                 batch_size: int, progress: Progress | None) -> None:
     queue: asyncio.Queue[tuple[Span, list[Record]] | None] = asyncio.Queue(QUEUE_DEPTH)
 
@@ -240,7 +266,8 @@ async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[
                            progress: Progress | None = None, bulk: bool = False
                            ) -> ReplayStats:
     """Apply every record of ``todo``, the partitions spread over ``processes`` lanes: the first
-    in this process, each other one in a process of its own.
+    in this process, each other one in a process of its own. Each lane takes the next span
+    when it is done with one (:class:`Claims`).
 
     Each lane is replayed as :func:`replay` does with one lane, into ``target`` through a sink
     of its own (in bulk, with ``bulk``). If a process fails, the others are stopped and
@@ -250,20 +277,21 @@ async def replay_processes(log: LogSettings, target: SinkTarget, todo: Sequence[
     """
     stats = ReplayStats()
     t0 = time.perf_counter()
-    plan = lanes_of(todo, processes)
-    if not plan:
+    if not todo:
         return stats
+    n = max(1, min(processes, len(todo)))
     # The first lane runs here: a spawned process spends half a second of CPU importing what
     # this one has loaded already, a tenth of a 100,000-event rebuild on two cores.
     ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads and loops
     inbox: multiprocessing.queues.Queue[tuple[Any, ...]] = ctx.Queue()
+    claims = Claims(todo, ctx.Value("q", 0))
     procs = {i: ctx.Process(target=_lane_process, name=f"replay-lane-{i}", daemon=True,
-                            args=(i, log, target, lane, batch_size, inbox, bulk))
-             for i, lane in enumerate(plan) if i > 0}
+                            args=(i, log, target, claims, batch_size, inbox, bulk))
+             for i in range(1, n)}
     for p in procs.values():
         p.start()
     engine = lane_engine(target)
-    here = asyncio.create_task(_run_lane(log, Sink(engine, consumer=target.consumer), plan[0],
+    here = asyncio.create_task(_run_lane(log, Sink(engine, consumer=target.consumer), claims,
                                          stats, batch_size, progress, bulk))
     try:
         running = set(procs)
@@ -343,7 +371,7 @@ def _unpickled_error(name: str, payload: bytes | str) -> BaseException:
     return ReplayError(f"{name} failed: {error!r}")
 
 
-def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Sequence[Span],
+def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Claims,
                   batch_size: int, outbox: multiprocessing.queues.Queue[tuple[Any, ...]],
                   bulk: bool = False) -> None:
     """A lane process: replay ``todo`` into ``target``, reporting progress, then its stats or

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import given
@@ -41,7 +43,7 @@ from services.audit.history import (
 )
 from services.audit.logread import partition_for
 from services.audit.rebuild import default_database
-from services.audit.replay import Span, behind, lanes_of, spans
+from services.audit.replay import Claims, Span, behind, lanes_of, spans
 
 T0 = 1_767_225_600_000
 
@@ -243,6 +245,31 @@ def test_lanes_hold_every_span_once_in_order_and_balance_load(todo: list[Span],
         loads = [sum(s.size for s in lane) for lane in lanes]
         biggest = max(s.size for s in todo)
         assert max(loads) <= sum(loads) / n + biggest
+
+
+@given(_spans, st.lists(st.integers(0, 3), max_size=40))
+def test_claims_give_every_span_to_exactly_one_lane_in_order(todo: list[Span],
+                                                            turns: list[int]) -> None:
+    """Lanes that ask in any interleaving take each span once, each in the given order."""
+    claims = Claims(todo, multiprocessing.Value("q", 0))
+    lanes = [iter(claims) for _ in range(4)]
+    taken: list[list[Span]] = [[] for _ in lanes]
+    for lane in [*turns, *([0] * (len(todo) + 1))]:  # lane 0 ends up taking the rest
+        span = next(lanes[lane], None)
+        if span is not None:
+            taken[lane].append(span)
+    assert sorted(s for lane in taken for s in lane) == sorted(todo)
+    for lane in taken:
+        assert lane == [s for s in todo if s in lane]
+    assert [s for it in lanes for s in it] == []  # nothing left for anyone
+
+
+def test_claims_taken_from_threads_at_once_are_taken_once() -> None:
+    todo = [Span("batch-events", p, 0, 1) for p in range(2_000)]
+    claims = Claims(todo, multiprocessing.Value("q", 0))
+    with ThreadPoolExecutor(4) as pool:
+        taken = list(pool.map(lambda _: list(claims), range(4)))
+    assert sorted(s for lane in taken for s in lane) == todo
 
 
 def test_behind_lists_lagging_partitions_only() -> None:
