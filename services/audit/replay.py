@@ -134,9 +134,10 @@ def lanes_of(todo: Sequence[Span], n: int) -> list[list[Span]]:
 
 
 class Claims:
-    """The spans of a replay, each taken by exactly one lane, in the given order, by whichever
-    lane asks first: lanes in any process iterate over the same claims (``next_index`` is
-    shared memory, the index of the next span to take).
+    """The spans of a replay, each taken by exactly one lane, biggest first (equal ones in the
+    given order), by whichever lane asks first: lanes in any process iterate over the same
+    claims (``next_index`` is shared memory, the index of the next span to take). Biggest first:
+    a big partition taken last would keep one lane busy long after the others ended.
 
     A lane process starts about a second after the lane that runs in the calling process
     (importing what that one has loaded already); with spans spread over lanes up front, that
@@ -144,7 +145,7 @@ class Claims:
     """
 
     def __init__(self, todo: Sequence[Span], next_index: Synchronized[int]) -> None:
-        self.spans = tuple(todo)
+        self.spans = tuple(sorted(todo, key=lambda span: -span.size))
         self._next = next_index
 
     def __iter__(self) -> Iterator[Span]:

@@ -250,7 +250,8 @@ def test_lanes_hold_every_span_once_in_order_and_balance_load(todo: list[Span],
 @given(_spans, st.lists(st.integers(0, 3), max_size=40))
 def test_claims_give_every_span_to_exactly_one_lane_in_order(todo: list[Span],
                                                             turns: list[int]) -> None:
-    """Lanes that ask in any interleaving take each span once, each in the given order."""
+    """Lanes that ask in any interleaving take each span once, biggest first (equal ones in
+    the given order)."""
     claims = Claims(todo, multiprocessing.Value("q", 0))
     lanes = [iter(claims) for _ in range(4)]
     taken: list[list[Span]] = [[] for _ in lanes]
@@ -259,8 +260,9 @@ def test_claims_give_every_span_to_exactly_one_lane_in_order(todo: list[Span],
         if span is not None:
             taken[lane].append(span)
     assert sorted(s for lane in taken for s in lane) == sorted(todo)
+    order = sorted(todo, key=lambda s: -s.size)
     for lane in taken:
-        assert lane == [s for s in todo if s in lane]
+        assert lane == [s for s in order if s in lane]
     assert [s for it in lanes for s in it] == []  # nothing left for anyone
 
 
@@ -270,6 +272,13 @@ def test_claims_taken_from_threads_at_once_are_taken_once() -> None:
     with ThreadPoolExecutor(4) as pool:
         taken = list(pool.map(lambda _: list(claims), range(4)))
     assert sorted(s for lane in taken for s in lane) == todo
+
+
+def test_claims_hand_out_the_biggest_span_first() -> None:
+    todo = [Span("control-events", 0, 0, 3), Span("batch-events", 0, 0, 90),
+            Span("batch-events", 1, 0, 3), Span("batch-events", 2, 5, 60)]
+    assert list(Claims(todo, multiprocessing.Value("q", 0))) == [todo[1], todo[3], todo[0],
+                                                                 todo[2]]
 
 
 def test_behind_lists_lagging_partitions_only() -> None:
