@@ -10,11 +10,10 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from core.billing import DAY_MS, by_day, usage, usage_date
+from core.billing import DAY_MS, by_day, day_name, usage
 from core.projection.ops import Increment, Increments
 from schemas.base import AttemptResource
 
@@ -99,7 +98,7 @@ def accrue_into(acc: Increments, who: Billed, quantities: Mapping[str, int], fro
              amount)
     first_day = from_ms // DAY_MS
     if (to_ms - 1) // DAY_MS == first_day:  # within one UTC day: the totals above
-        days = [(_day(first_day), ms)]
+        days = [(day_name(first_day), ms)]
     else:
         days = [(day.isoformat(), end - start) for day, start, end in by_day(from_ms, to_ms)]
     for day_iso, day_ms in days:
@@ -108,8 +107,3 @@ def accrue_into(acc: Increments, who: Billed, quantities: Mapping[str, int], fro
                 ("billing_project", project), ("user", user), ("usage_date", day_iso),
                 ("resource", resource), ("token", token)), usage_key, quantity * day_ms)
 
-
-@functools.lru_cache(maxsize=64)
-def _day(day: int) -> str:
-    """The ISO date of day number ``day`` since the epoch (UTC)."""
-    return usage_date(day * DAY_MS).isoformat()

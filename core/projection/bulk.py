@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.billing import billable, by_day, usage
+from core.billing import DAY_MS, billable, by_day, day_name, usage
 from core.completions import completion_ops
 from core.projection import billing
 from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
@@ -304,13 +304,16 @@ class _Fold:
         for resource, amount in total.items():
             self.job_usage[(j, resource)] = self.job_usage.get((j, resource), 0) + amount
             self.usage[resource] = self.usage.get(resource, 0) + amount
-        days = by_day(*interval)
         by_date = self.usage_by_day
-        for day, lo, hi in days:
-            date = day.isoformat()
-            # Within one day (most intervals) the day's usage is the total.
-            for resource, amount in (total if len(days) == 1 else usage(resources, lo, hi)
-                                     ).items():
+        lo, hi = interval
+        first_day = lo // DAY_MS
+        if (hi - 1) // DAY_MS == first_day:  # within one UTC day (most): the day's is the total
+            days: list[tuple[str, dict[str, int]]] = [(day_name(first_day), total)]
+        else:
+            days = [(day.isoformat(), usage(resources, start, end))
+                    for day, start, end in by_day(lo, hi)]
+        for date, amounts in days:
+            for resource, amount in amounts.items():
                 by_date[(date, resource)] = by_date.get((date, resource), 0) + amount
         a["rollup_time_ms"] = interval[1]
 
