@@ -24,6 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from bench import cpu, remove_at_exit
+from core.completions import parse_time
 from schemas.batch import BatchCancelled
 from schemas.execution import JobScheduled, JobsScheduled
 from services.audit.history import load_batch
@@ -139,7 +140,10 @@ def client_alone(n: int, tmp: Path) -> dict[str, Any]:
                          log_path=tmp / "null-server.log", cwd=REPO)
     try:
         procs.wait_for_port(port, timeout=30, proc=server, what="the null server")
-        return _submit(f"http://127.0.0.1:{port}", "none", n)
+        out = _submit(f"http://127.0.0.1:{port}", "none", n)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/bench/created", timeout=10) as r:
+            out["created_at"] = json.load(r)["created_at"]
+        return out
     finally:
         procs.terminate(server.pid)
         server.wait()
@@ -172,6 +176,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         # Ingest answers a write after at most HS_INGEST_WAIT_S even if the projection has
         # not caught up: status and cancel are measured once the commit is visible.
         visible = _until(lambda: _get(url, token, big["id"])["closed"])
+        created_ms = parse_time(_get(url, token, big["id"])["time_created"])
         spent = window.stop(n_jobs, extra={"client (hailtop)": big["cpu_seconds"]})
         # The batch's status, and its root job group's (the group holding every job; any
         # group's status is read the same way).
@@ -193,6 +198,15 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             f"group_status_ms_at_{n_jobs}_jobs": group_big,
             "commit_visible_after_submit_s": round(visible, 2),
         }
+        # hailtop serializes every spec and cuts the bunches before its first request (the
+        # batch's creation): only the rest of the submission is the server's.
+        if alone.get("created_at") is not None:
+            out["client_alone_before_first_request_s"] = round(
+                alone["created_at"] - alone["started_at"], 2)
+        if created_ms is not None:
+            before = created_ms / 1000 - big["started_at"]
+            out["client_before_first_request_s"] = round(before, 2)
+            out["submit_after_first_request_s"] = round(big["seconds"] - before, 2)
         cancelled = _cancel(url, token, big["id"])
         time.sleep(3)  # SJs the scheduler had in flight reach the log
         cancelled |= _scheduling_stopped(env, big["id"])

@@ -112,6 +112,19 @@ def test_the_clients_ceiling_against_an_instant_server_is_stated_and_scaled() ->
     assert "answers at once" not in note(1_000_000, None)
 
 
+def test_the_servers_part_of_the_submit_is_stated() -> None:
+    figures = {"submit_seconds": 18.0, "jobs": 1_000_000,
+               "client_before_first_request_s": 6.0, "submit_after_first_request_s": 12.0}
+    (submit,) = [a for a in assess({"ingest": figures})
+                 if a.figure.startswith("1,000,000-job submit")]
+    assert ("first request 6.0 s into the submit (serializing every spec first), the "
+            "server's part took 12.0 s") in submit.note
+    del figures["client_before_first_request_s"]
+    (submit,) = [a for a in assess({"ingest": figures})
+                 if a.figure.startswith("1,000,000-job submit")]
+    assert "first request" not in submit.note
+
+
 def test_the_machine_speed_is_a_diagnostic_row_beside_the_targets() -> None:
     speed = summary([3.4, 6.5, 6.4, 5.0, 3.6])
     assert speed == {"python_mops_median": 5.0, "python_mops_p10": 3.4,

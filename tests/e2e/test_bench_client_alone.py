@@ -17,4 +17,7 @@ def test_the_official_client_submits_several_bunches_to_the_null_server(tmp_path
     assert out["id"] == 1
     assert out["cpu_seconds"] > 0
     assert 0 < out["seconds"] < 60
+    # The batch was created (the client's first request) after submit() was called and
+    # before it returned.
+    assert out["started_at"] <= out["created_at"] <= out["started_at"] + out["seconds"]
     assert "Error" not in (tmp_path / "null-server.log").read_text()
