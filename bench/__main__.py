@@ -74,6 +74,16 @@ def _broker(stack: ExitStack, durable: bool) -> str:
     return f"127.0.0.1:{port}"
 
 
+def _speed(sampler: machine.Sampler, t0: float) -> dict[str, float | int]:
+    """The machine's speed during the scenario that began at ``t0``: the CPU-bound figures
+    move with it, and a run's other scenarios may have run at another."""
+    got = sampler.since(t0)
+    if not got:
+        return {}
+    return {"python_mops_median_during": got["python_mops_median"],
+            "python_mops_p10_during": got["python_mops_p10"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenarios", nargs="*",
@@ -115,14 +125,20 @@ def main() -> None:
             spent = window.stop(int(figures["events"]), unit="event_published_and_read")
             results["log"] = {"storage": storage, **figures, **spent}
     if "ingest" in scenarios:
+        t0 = time.monotonic()
         results["ingest"] = ingest_throughput.run(args.jobs, durable=args.stack == "durable")
+        results["ingest"] |= _speed(sampler, t0)
     if "execution" in scenarios:
+        t0 = time.monotonic()
         results["execution"] = execution.run(args.exec_jobs,
                                                  durable=args.stack == "durable")
+        results["execution"] |= _speed(sampler, t0)
     if "replay" in scenarios:
+        t0 = time.monotonic()
         with ExitStack() as stack:
             results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
                                            args.replay_jobs, marker=marker)
+        results["replay"] |= _speed(sampler, t0)
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
     speed = sampler.stop()

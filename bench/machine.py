@@ -53,6 +53,8 @@ class Sampler:
         self._every_s = every_s
         self._iterations = iterations
         self._samples: list[float] = []
+        self._times: list[float] = []
+        """When each sample was taken (``time.monotonic``)."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="machine-probe", daemon=True)
 
@@ -61,7 +63,9 @@ class Sampler:
 
     def _run(self) -> None:
         while True:
-            self._samples.append(python_mops(self._iterations, rounds=1))
+            sample = python_mops(self._iterations, rounds=1)
+            self._times.append(time.monotonic())
+            self._samples.append(sample)
             if self._stopped.wait(self._every_s):
                 return
 
@@ -70,6 +74,12 @@ class Sampler:
         self._stopped.set()
         self._thread.join()
         return summary(self._samples)
+
+    def since(self, t0: float) -> dict[str, float | int]:
+        """The summary of the samples taken since ``t0`` (``time.monotonic``): the machine's
+        speed during one scenario of a run, which may differ from the run's."""
+        times, samples = self._times[:], self._samples[:len(self._times)]
+        return summary([s for t, s in zip(times, samples, strict=False) if t >= t0])
 
 
 def summary(samples: list[float]) -> dict[str, float | int]:

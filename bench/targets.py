@@ -42,8 +42,10 @@ def _cpu_note(results: Mapping[str, Mapping[str, Any]], scenario: str, unit: str
     if total is None or not per:
         return ""
     top = max(per, key=per.get)
+    speed = _get(results, scenario, "python_mops_median_during")
     return (f"; CPU {total} ms/{unit} (most: {top} {per[top]} ms) -> at most {ceiling}/s "
-            f"with every core on it")
+            f"with every core on it"
+            + ("" if speed is None else f" (machine speed during it: probe median {speed})"))
 
 
 def _outside_floor(results: Mapping[str, Mapping[str, Any]], scenario: str,

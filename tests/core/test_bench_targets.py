@@ -147,6 +147,24 @@ def test_the_sampler_samples_until_stopped() -> None:
     n = got["samples"]
     time.sleep(0.05)
     assert len(sampler._samples) == n  # no sample after stop()
+    # The samples since a time: all of them since before the start, none since after the stop.
+    assert sampler.since(0.0)["samples"] == n
+    assert sampler.since(time.monotonic()) == {}
+    mid = sampler._times[n // 2]
+    assert sampler.since(mid)["samples"] == n - n // 2
+
+
+def test_the_cpu_note_names_the_machine_speed_during_the_scenario() -> None:
+    figures = {"noop_jobs_per_s": 900.0, "jobs": 100_000, "cpu_ms_per_job_total": 2.2,
+               "cpu_ms_per_job": {"worker": 0.5}, "ceiling_per_s": 909,
+               "python_mops_median_during": 5.1}
+    (e2e,) = [a for a in assess({"execution": figures})
+              if a.figure.startswith("no-op jobs/s end to end")]
+    assert "(machine speed during it: probe median 5.1)" in e2e.note
+    del figures["python_mops_median_during"]
+    (e2e,) = [a for a in assess({"execution": figures})
+              if a.figure.startswith("no-op jobs/s end to end")]
+    assert "machine speed during it" not in e2e.note
 
 
 def test_the_machine_probe_is_a_rate_of_the_loop() -> None:
