@@ -80,8 +80,9 @@ def _speed(sampler: machine.Sampler, t0: float) -> dict[str, float | int]:
     got = sampler.since(t0)
     if not got:
         return {}
-    return {"python_mops_median_during": got["python_mops_median"],
-            "python_mops_p10_during": got["python_mops_p10"]}
+    return {f"{name}_during": got[name] for name in (
+        "python_mops_median", "python_mops_p10", "memory_msteps_median", "memory_msteps_p10")
+        if name in got}
 
 
 def main() -> None:

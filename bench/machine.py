@@ -10,10 +10,18 @@ The probe is a fixed pure-Python loop (integer arithmetic and dict stores, the i
 our services mostly do); its figure is millions of iterations per CPU second. :class:`Sampler`
 times a short round of it every few seconds from a thread of the benchmark's own process (which
 mostly waits), about 1% of one core, and summarizes the samples.
+
+That loop runs in the core's own caches, so it does not see what the VM's neighbours do to the
+caches and memory it shares with them (this host's L3 is 32 MiB for every vCPU on it), while our
+services' objects span far more than that: in one session the same code cost 1.45 and 2.21 ms of
+CPU per no-op job at the same probe median. The sampler times a second probe beside it, a
+dependent chain of reads through 16 MiB (:func:`memory_msteps`, millions of steps per CPU
+second), which does.
 """
 
 from __future__ import annotations
 
+import array
 import statistics
 import threading
 import time
@@ -45,14 +53,44 @@ def python_mops(iterations: int = ITERATIONS, rounds: int = ROUNDS) -> float:
     return iterations / best / 1e6
 
 
-class Sampler:
-    """Samples :func:`python_mops` every ``every_s`` seconds in a thread, between
-    :meth:`start` and :meth:`stop`."""
+CHAIN_SLOTS = 1 << 21
+"""16 MiB of 8-byte slots: half the host's L3, so the chain stays cached only on a quiet host."""
 
-    def __init__(self, every_s: float = 5.0, iterations: int = 50_000) -> None:
+
+def memory_chain(slots: int = CHAIN_SLOTS) -> array.array[int]:
+    """Slots each holding the index of the next one to read, in one cycle through all of them.
+
+    The order is a full-period linear congruential sequence modulo a power of two (Hull and
+    Dobell: an odd increment and a multiplier of 1 modulo 4), so consecutive reads land far
+    apart with no stride for the hardware prefetcher to follow.
+    """
+    if slots & (slots - 1):
+        raise ValueError(f"the chain's length must be a power of two, not {slots}")
+    mask = slots - 1
+    return array.array("q", [(1103515245 * i + 12345) & mask for i in range(slots)])
+
+
+def memory_msteps(chain: array.array[int], steps: int = 100_000) -> float:
+    """Millions of steps per CPU second along ``chain``: each read's address is the previous
+    read's value, so the reads' latency adds up instead of overlapping."""
+    i = 0
+    t0 = time.thread_time()
+    for _ in range(steps):
+        i = chain[i]
+    return steps / (time.thread_time() - t0) / 1e6
+
+
+class Sampler:
+    """Samples :func:`python_mops` and :func:`memory_msteps` every ``every_s`` seconds in a
+    thread, between :meth:`start` and :meth:`stop`."""
+
+    def __init__(self, every_s: float = 5.0, iterations: int = 50_000,
+                 chain_slots: int = CHAIN_SLOTS) -> None:
         self._every_s = every_s
         self._iterations = iterations
+        self._chain_slots = chain_slots
         self._samples: list[float] = []
+        self._memory: list[float] = []
         self._times: list[float] = []
         """When each sample was taken (``time.monotonic``)."""
         self._stopped = threading.Event()
@@ -62,9 +100,12 @@ class Sampler:
         self._thread.start()
 
     def _run(self) -> None:
+        chain = memory_chain(self._chain_slots)  # built here: about 0.3 s, off the caller
         while True:
             sample = python_mops(self._iterations, rounds=1)
+            memory = memory_msteps(chain, steps=2 * self._iterations)
             self._times.append(time.monotonic())
+            self._memory.append(memory)
             self._samples.append(sample)
             if self._stopped.wait(self._every_s):
                 return
@@ -73,23 +114,31 @@ class Sampler:
         """Stop sampling; the samples' median, 10th and 90th percentiles, and count."""
         self._stopped.set()
         self._thread.join()
-        return summary(self._samples)
+        return summary(self._samples, self._memory)
 
     def since(self, t0: float) -> dict[str, float | int]:
         """The summary of the samples taken since ``t0`` (``time.monotonic``): the machine's
         speed during one scenario of a run, which may differ from the run's."""
-        times, samples = self._times[:], self._samples[:len(self._times)]
-        return summary([s for t, s in zip(times, samples, strict=False) if t >= t0])
+        n = len(self._times)  # the lists grow in the thread; a sample's time is appended first
+        times, samples, memory = self._times[:n], self._samples[:n], self._memory[:n]
+        since = [k for k, t in enumerate(times) if t >= t0]
+        return summary([samples[k] for k in since], [memory[k] for k in since])
 
 
-def summary(samples: list[float]) -> dict[str, float | int]:
-    """The figures of a run's samples (empty: none)."""
-    if not samples:
-        return {}
+def _percentiles(samples: list[float], name: str) -> dict[str, float]:
     ordered = sorted(samples)
 
     def at(q: float) -> float:
         return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
-    return {"python_mops_median": round(statistics.median(ordered), 2),
-            "python_mops_p10": at(0.1), "python_mops_p90": at(0.9), "samples": len(ordered)}
+    return {f"{name}_median": round(statistics.median(ordered), 2),
+            f"{name}_p10": at(0.1), f"{name}_p90": at(0.9)}
+
+
+def summary(samples: list[float], memory: list[float] | None = None) -> dict[str, float | int]:
+    """The figures of a run's samples of both probes (empty: none)."""
+    if not samples:
+        return {}
+    return {**_percentiles(samples, "python_mops"),
+            **(_percentiles(memory, "memory_msteps") if memory else {}),
+            "samples": len(samples)}

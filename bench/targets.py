@@ -43,9 +43,11 @@ def _cpu_note(results: Mapping[str, Mapping[str, Any]], scenario: str, unit: str
         return ""
     top = max(per, key=per.get)
     speed = _get(results, scenario, "python_mops_median_during")
+    memory = _get(results, scenario, "memory_msteps_median_during")
     return (f"; CPU {total} ms/{unit} (most: {top} {per[top]} ms) -> at most {ceiling}/s "
             f"with every core on it"
-            + ("" if speed is None else f" (machine speed during it: probe median {speed})"))
+            + ("" if speed is None else f" (machine speed during it: probe median {speed}"
+               + ("" if memory is None else f", memory probe median {memory}") + ")"))
 
 
 def _outside_floor(results: Mapping[str, Mapping[str, Any]], scenario: str,
@@ -177,4 +179,11 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             f"percentile {_get(results, 'machine', 'python_mops_p10')}-"
             f"{_get(results, 'machine', 'python_mops_p90')}: this VM's speed varies by the "
             "hour and the CPU-bound rates above move with it (bench/machine.py)"))
+    memory = _get(results, "machine", "memory_msteps_median")
+    if memory is not None:
+        out.append(Assessment(
+            "memory latency (16 MiB read chain, M steps/s)", f"{memory}", DIAGNOSTIC, None,
+            f"10th-90th percentile {_get(results, 'machine', 'memory_msteps_p10')}-"
+            f"{_get(results, 'machine', 'memory_msteps_p90')}: what the VM's neighbours leave "
+            "of the shared cache and memory, which the probe above does not see"))
     return out

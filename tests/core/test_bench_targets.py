@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from bench.machine import Sampler, python_mops, summary
+import pytest
+
+from bench.machine import Sampler, memory_chain, memory_msteps, python_mops, summary
 from bench.targets import DIAGNOSTIC, assess
 
 
@@ -134,16 +136,29 @@ def test_the_machine_speed_is_a_diagnostic_row_beside_the_targets() -> None:
     assert (row.measured, row.target, row.met) == ("5.0", DIAGNOSTIC, None)
     assert "3.4-6.5" in row.note and "5 samples" in row.note
     assert "machine speed (pure-Python probe, M iterations/s)" not in by_figure({})
+    assert "memory latency (16 MiB read chain, M steps/s)" not in got
     assert summary([]) == {}
 
 
+def test_the_memory_probe_is_a_diagnostic_row_of_its_own() -> None:
+    speed = summary([5.0, 6.0, 7.0], [2.0, 4.5, 4.0])
+    assert speed == {"python_mops_median": 6.0, "python_mops_p10": 5.0, "python_mops_p90": 7.0,
+                     "memory_msteps_median": 4.0, "memory_msteps_p10": 2.0,
+                     "memory_msteps_p90": 4.5, "samples": 3}
+    got = {a.figure: a for a in assess({"machine": speed})}
+    row = got["memory latency (16 MiB read chain, M steps/s)"]
+    assert (row.measured, row.target, row.met) == ("4.0", DIAGNOSTIC, None)
+    assert "2.0-4.5" in row.note
+
+
 def test_the_sampler_samples_until_stopped() -> None:
-    sampler = Sampler(every_s=0.01, iterations=1_000)
+    sampler = Sampler(every_s=0.01, iterations=1_000, chain_slots=1 << 10)
     sampler.start()
     while len(sampler._samples) < 3:
         time.sleep(0.01)
     got = sampler.stop()
     assert got["samples"] >= 3 and 0 < got["python_mops_p10"] <= got["python_mops_p90"]
+    assert 0 < got["memory_msteps_p10"] <= got["memory_msteps_p90"]
     n = got["samples"]
     time.sleep(0.05)
     assert len(sampler._samples) == n  # no sample after stop()
@@ -161,6 +176,11 @@ def test_the_cpu_note_names_the_machine_speed_during_the_scenario() -> None:
     (e2e,) = [a for a in assess({"execution": figures})
               if a.figure.startswith("no-op jobs/s end to end")]
     assert "(machine speed during it: probe median 5.1)" in e2e.note
+    figures["memory_msteps_median_during"] = 3.9
+    (e2e,) = [a for a in assess({"execution": figures})
+              if a.figure.startswith("no-op jobs/s end to end")]
+    assert "(machine speed during it: probe median 5.1, memory probe median 3.9)" in e2e.note
+    del figures["memory_msteps_median_during"]
     del figures["python_mops_median_during"]
     (e2e,) = [a for a in assess({"execution": figures})
               if a.figure.startswith("no-op jobs/s end to end")]
@@ -169,3 +189,17 @@ def test_the_cpu_note_names_the_machine_speed_during_the_scenario() -> None:
 
 def test_the_machine_probe_is_a_rate_of_the_loop() -> None:
     assert 0 < python_mops(iterations=20_000, rounds=2) < float("inf")
+
+
+def test_the_memory_chain_is_one_cycle_through_every_slot() -> None:
+    chain = memory_chain(1 << 12)
+    seen, i = set(), 0
+    for _ in range(len(chain)):
+        seen.add(i)
+        i = chain[i]
+    assert i == 0 and len(seen) == len(chain)  # back at the start after visiting them all
+    # No constant stride between consecutive reads for a prefetcher to follow.
+    assert len({(chain[k] - k) % len(chain) for k in range(len(chain))}) >= len(chain) // 4
+    with pytest.raises(ValueError, match="power of two"):
+        memory_chain(1000)
+    assert 0 < memory_msteps(chain, steps=10_000) < float("inf")
