@@ -116,13 +116,14 @@ class Sampler:
         self._thread.join()
         return summary(self._samples, self._memory)
 
-    def since(self, t0: float) -> dict[str, float | int]:
-        """The summary of the samples taken since ``t0`` (``time.monotonic``): the machine's
-        speed during one scenario of a run, which may differ from the run's."""
+    def since(self, t0: float, until: float = float("inf")) -> dict[str, float | int]:
+        """The summary of the samples taken from ``t0`` to ``until`` (``time.monotonic``):
+        the machine's speed during one scenario of a run, or one step of it, which may differ
+        from the run's."""
         n = len(self._times)  # the lists grow in the thread; a sample's time is appended first
         times, samples, memory = self._times[:n], self._samples[:n], self._memory[:n]
-        since = [k for k, t in enumerate(times) if t >= t0]
-        return summary([samples[k] for k in since], [memory[k] for k in since])
+        within = [k for k, t in enumerate(times) if t0 <= t <= until]
+        return summary([samples[k] for k in within], [memory[k] for k in within])
 
 
 def _percentiles(samples: list[float], name: str) -> dict[str, float]:

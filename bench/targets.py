@@ -128,6 +128,11 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             # the wall time is what follows that request.
             note += (f"; the client sent its first request {before_s:.1f} s into the submit "
                      f"(serializing every spec first), the server's part took {after_s:.1f} s")
+        during = _get(results, "ingest", "python_mops_median_during_submit")
+        if during is not None:
+            memory = _get(results, "ingest", "memory_msteps_median_during_submit")
+            note += (f"; machine speed during the submit itself: probe median {during}"
+                     + ("" if memory is None else f", memory probe median {memory}"))
         out.append(Assessment("1,000,000-job submit (hailtop)", f"{projected:.1f} s", "< 20 s",
                               projected < 20, note.removeprefix("; ")))
     for prefix, what in (("", "batch"), ("group_", "job-group")):

@@ -167,6 +167,9 @@ def test_the_sampler_samples_until_stopped() -> None:
     assert sampler.since(time.monotonic()) == {}
     mid = sampler._times[n // 2]
     assert sampler.since(mid)["samples"] == n - n // 2
+    # A window within the run: from one sample's time to another's, both ends included.
+    assert sampler.since(sampler._times[1], sampler._times[2])["samples"] == 2
+    assert sampler.since(mid, mid - 1.0) == {}
 
 
 def test_the_cpu_note_names_the_machine_speed_during_the_scenario() -> None:
@@ -203,3 +206,21 @@ def test_the_memory_chain_is_one_cycle_through_every_slot() -> None:
     with pytest.raises(ValueError, match="power of two"):
         memory_chain(1000)
     assert 0 < memory_msteps(chain, steps=10_000) < float("inf")
+
+
+def test_the_submit_note_names_the_machine_speed_during_the_submit_itself() -> None:
+    figures = {"submit_seconds": 18.0, "jobs": 1_000_000, "python_mops_median_during": 7.0,
+               "python_mops_median_during_submit": 5.2,
+               "memory_msteps_median_during_submit": 4.1}
+
+    def note() -> str:
+        (submit,) = [a for a in assess({"ingest": figures})
+                     if a.figure.startswith("1,000,000-job submit")]
+        return submit.note
+
+    assert ("machine speed during the submit itself: probe median 5.2, memory probe median "
+            "4.1") in note()
+    del figures["memory_msteps_median_during_submit"]
+    assert note().endswith("during the submit itself: probe median 5.2")
+    del figures["python_mops_median_during_submit"]
+    assert "during the submit itself" not in note()
