@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,11 @@ def remove_at_exit(path: Path) -> None:
     is allocated, each skip a lookup (``recently_deleted``): a scenario run right after another
     deleted its 100,000 files spent up to a fifth of its workers' CPU creating log files
     (measured with perf). Removing the trees at the end keeps one scenario from taxing the next.
+    With ``HS_BENCH_KEEP_FILES`` set, they are left for the caller (``bench.ab`` removes its
+    runs' trees after the last run, for the same reason).
     """
+    if os.environ.get("HS_BENCH_KEEP_FILES"):
+        return
     if not _LATER:
         atexit.register(_remove_all)
     _LATER.append(path)

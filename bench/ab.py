@@ -1,0 +1,271 @@
+"""Compare two versions of the stack on the execution scenario, in interleaved runs:
+``python -m bench.ab --b REF [--a REF] [--a-env K=V ...] [--b-env K=V ...] [--pairs N]``.
+
+Why: this VM's speed moves by 10-25% within an hour (``bench/machine.py``), so one bench of
+each version cannot show a change worth a few percent: every earlier "did not help" was judged
+that way. Here the two arms run alternately, in A B B A order (a drift in the machine's speed
+through the session falls on both arms alike), and each figure is compared pair by pair (an A
+run with the B run beside it), with a 95% confidence interval of the mean difference. Adjacent
+runs still see different minutes of the machine (three pairs at one hour: CPU per job moved by
+up to 15% from one run to the next), so ``--together`` runs each pair's two arms at the same
+time, two stacks side by side: both arms see the same minute, and their CPU per job compares
+with far less noise (each arm's rate is then about half of what it would be alone).
+
+An arm is a git ref (checked out in a temporary worktree; ``.`` is a copy of this checkout as it
+stands at the start, uncommitted changes and all, so editing it meanwhile changes no run) plus
+environment variables for its stack, so a setting is compared by giving only ``--b-env``. Each
+run is ``python -m bench execution`` of the arm's own code, in a process of its own, on the
+venvs of this checkout.
+
+Beside the rate and each component's CPU per job, the comparison shows the stack's own CPU per
+job (all but the jobs' processes) relative to the jobs' processes' CPU: every job execs
+``true``, whose cost tracks the machine's speed in the same minute, so the ratio changes with
+the stack's code far more than with the hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = "jobs (worker children)"
+"""The component of the jobs' own processes in ``cpu_ms_per_job``."""
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1-30); the normal's beyond.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(dof: int) -> float:
+    """The two-sided 95% quantile of Student's t with ``dof`` degrees of freedom."""
+    if dof < 1:
+        raise ValueError("a confidence interval needs at least two pairs")
+    return _T975[dof - 1] if dof <= len(_T975) else 1.960
+
+
+def order(pairs: int) -> list[str]:
+    """The arms' run order for ``pairs`` pairs: A B, B A, A B, ... (each pair is two
+    neighbouring runs, so a steady drift favours neither arm over the whole)."""
+    if pairs < 1:
+        raise ValueError("at least one pair")
+    return [arm for i in range(pairs) for arm in (("a", "b") if i % 2 == 0 else ("b", "a"))]
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One figure over the pairs: each arm's mean, and B minus A with its 95% interval
+    (None for a single pair)."""
+
+    figure: str
+    mean_a: float
+    mean_b: float
+    diff: float
+    ci_low: float | None
+    ci_high: float | None
+
+    @property
+    def relative(self) -> float:
+        """B against A, as a fraction of A's mean (0 when A's mean is 0)."""
+        return self.diff / self.mean_a if self.mean_a else 0.0
+
+    @property
+    def verdict(self) -> str:
+        """Whether the interval excludes no difference, and which way."""
+        if self.ci_low is None or self.ci_high is None:
+            return "one pair: no interval"
+        if self.ci_low > 0:
+            return "B higher"
+        if self.ci_high < 0:
+            return "B lower"
+        return "no difference shown"
+
+
+def paired(figure: str, a: Sequence[float], b: Sequence[float]) -> Paired:
+    """The pairwise comparison of ``a`` and ``b`` (same length, pair i is ``a[i], b[i]``)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"{figure}: {len(a)} A runs against {len(b)} B runs")
+    diffs = [y - x for x, y in zip(a, b, strict=True)]
+    mean = statistics.fmean(diffs)
+    low = high = None
+    if len(diffs) > 1:
+        half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
+        low, high = mean - half, mean + half
+    return Paired(figure, statistics.fmean(a), statistics.fmean(b), mean, low, high)
+
+
+def figures(execution: Mapping[str, Any]) -> dict[str, float]:
+    """The figures compared, from one run's ``execution`` results."""
+    per_job: Mapping[str, float] = execution["cpu_ms_per_job"]
+    total = float(execution["cpu_ms_per_job_total"])
+    jobs = float(per_job.get(JOBS, 0.0))
+    out = {"jobs/s end to end": float(execution["noop_jobs_per_s"]),
+           "CPU ms/job, total": total,
+           "CPU ms/job, the stack's own (all but the jobs)": total - jobs}
+    if jobs > 0:
+        out["the stack's own CPU per job / the jobs' CPU per job"] = (total - jobs) / jobs
+    out |= {f"CPU ms/job, {name}": float(ms) for name, ms in per_job.items()}
+    if "python_mops_median_during" in execution:
+        out["machine probe, M iterations/s"] = float(execution["python_mops_median_during"])
+    return out
+
+
+def compare(runs_a: Sequence[Mapping[str, float]], runs_b: Sequence[Mapping[str, float]]
+            ) -> list[Paired]:
+    """Every figure present in all runs of both arms, compared pair by pair."""
+    names = [n for n in runs_a[0] if all(n in r for r in (*runs_a, *runs_b))]
+    return [paired(n, [r[n] for r in runs_a], [r[n] for r in runs_b]) for n in names]
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    ref: str
+    env: dict[str, str]
+    directory: Path
+
+
+def _env_pairs(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"an environment setting is KEY=VALUE, not {item!r}")
+        out[key] = value
+    return out
+
+
+_NOT_COPIED = shutil.ignore_patterns(".git", ".venv", ".venv-hail", "results", "__pycache__",
+                                     ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis",
+                                     "node_modules", ".data")
+
+
+def _checkout(ref: str, root: Path) -> tuple[Path, bool]:
+    """A directory holding ``ref``'s code with this checkout's venvs linked in: a copy of this
+    checkout's files for ``.``, else a detached worktree of ``ref``; and whether it is a
+    worktree (to remove with git)."""
+    where = Path(tempfile.mkdtemp(prefix="code-", dir=root))
+    if ref == ".":
+        where.rmdir()
+        shutil.copytree(REPO, where, ignore=_NOT_COPIED, symlinks=True)
+    else:
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet",
+                        str(where), ref], check=True)
+    for venv in (".venv", ".venv-hail"):
+        (where / venv).symlink_to(REPO / venv)
+    return where, ref != "."
+
+
+def _start(arm: Arm, exec_jobs: int, stack: str, tmp: Path, log: Path
+           ) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **arm.env, "TMPDIR": str(tmp), "HS_BENCH_KEEP_FILES": "1"}
+    with log.open("w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench", "execution", "--stack", stack,
+             "--exec-jobs", str(exec_jobs)], cwd=arm.directory, env=env, stdout=out,
+            stderr=subprocess.STDOUT)
+
+
+def _result(arm: Arm, proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
+    code = proc.wait()
+    text = log.read_text()
+    wrote = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote ")]
+    if code != 0 or not wrote:
+        raise RuntimeError(f"arm {arm.name} ({arm.ref}) failed with code {code}; "
+                           f"its output is in {log}:\n{text[-2000:]}")
+    result = json.loads((arm.directory / wrote[-1]).read_text())
+    return dict(result["execution"])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--a", default=".", help="git ref of arm A (default: this checkout)")
+    parser.add_argument("--b", default=".", help="git ref of arm B (default: this checkout)")
+    parser.add_argument("--a-env", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--b-env", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--exec-jobs", type=int, default=50_000)
+    parser.add_argument("--stack", choices=("durable", "memory"), default="memory")
+    parser.add_argument("--together", action="store_true",
+                        help="run each pair's two arms at the same time, side by side: both "
+                             "see the same minute of the machine (CPU per job compares well; "
+                             "each arm's rate is then about half its own)")
+    args = parser.parse_args(argv)
+    if args.a == args.b and args.a_env == args.b_env:
+        parser.error("the two arms are the same: give --b (a ref) or --b-env")
+    runs = order(args.pairs)  # validates --pairs
+    root = Path(tempfile.mkdtemp(prefix="hs-ab-"))
+    results: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+    worktrees: list[Path] = []
+    try:
+        arms = {}
+        for name, ref, env in (("a", args.a, args.a_env), ("b", args.b, args.b_env)):
+            directory, worktree = _checkout(ref, root)
+            if worktree:
+                worktrees.append(directory)
+            arms[name] = Arm(name, ref, _env_pairs(env), directory)
+        # Every run's files stay until the end: removing a run's 100,000 job logs taxes the
+        # next run's file creation for minutes (see bench.remove_at_exit).
+        steps = [runs[i:i + 2] for i in range(0, len(runs), 2)] if args.together else [
+            [name] for name in runs]
+        for i, step in enumerate(steps):
+            started, procs = time.strftime("%H:%M:%S"), []
+            for name in step:
+                tmp = root / f"run-{i}-{name}"
+                tmp.mkdir()
+                log = root / f"run-{i}-{name}.log"
+                procs.append((name, _start(arms[name], args.exec_jobs, args.stack, tmp, log),
+                              log))
+            for name, proc, log in procs:
+                got = _result(arms[name], proc, log)
+                results[name].append(got)
+                arm = arms[name]
+                print(f"{started} step {i + 1}/{len(steps)} arm {name.upper()} ({arm.ref} "
+                      f"{' '.join(f'{k}={v}' for k, v in arm.env.items())}): "
+                      f"{got['noop_jobs_per_s']} jobs/s, {got['cpu_ms_per_job_total']} ms "
+                      f"CPU/job", flush=True)
+    finally:
+        for wt in worktrees:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(wt)],
+                           check=False)
+        shutil.rmtree(root, ignore_errors=True)
+    compared = compare([figures(r) for r in results["a"]], [figures(r) for r in results["b"]])
+    table = Table(title=f"A = {args.a} {' '.join(args.a_env)}   B = {args.b} "
+                        f"{' '.join(args.b_env)}   ({args.pairs} pairs, {args.exec_jobs:,} jobs)")
+    for column in ("figure", "A", "B", "B - A", "95% interval", "", "verdict"):
+        table.add_column(column, justify="left" if column in ("figure", "verdict") else "right")
+    for p in compared:
+        interval = "-" if p.ci_low is None else f"{p.ci_low:+.3f} .. {p.ci_high:+.3f}"
+        table.add_row(p.figure, f"{p.mean_a:.3f}", f"{p.mean_b:.3f}", f"{p.diff:+.3f}",
+                      interval, f"{p.relative:+.1%}", p.verdict)
+    Console(width=160).print(table)
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"ab-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps({
+        "a": {"ref": args.a, "env": args.a_env}, "b": {"ref": args.b, "env": args.b_env},
+        "order": runs, "together": args.together, "runs": results,
+        "compared": [asdict(p) for p in compared]},
+        indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

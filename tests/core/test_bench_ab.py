@@ -1,0 +1,97 @@
+"""The A/B comparison pairs runs in a balanced order and judges differences by their interval."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bench.ab import JOBS, compare, figures, order, paired, t975
+
+
+def test_order_alternates_which_arm_runs_first() -> None:
+    assert order(1) == ["a", "b"]
+    assert order(4) == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    with pytest.raises(ValueError, match="at least one pair"):
+        order(0)
+
+
+@given(st.integers(min_value=1, max_value=50))
+def test_order_runs_each_arm_once_per_pair(pairs: int) -> None:
+    runs = order(pairs)
+    assert len(runs) == 2 * pairs
+    assert all(sorted(runs[i:i + 2]) == ["a", "b"] for i in range(0, len(runs), 2))
+    # Over an even number of pairs each arm runs first as often as the other.
+    firsts = runs[::2]
+    assert abs(firsts.count("a") - firsts.count("b")) <= 1
+
+
+def test_t_quantiles() -> None:
+    assert t975(1) == pytest.approx(12.706)
+    assert t975(3) == pytest.approx(3.182)
+    assert t975(1000) == pytest.approx(1.96)
+    with pytest.raises(ValueError, match="two pairs"):
+        t975(0)
+
+
+def test_a_consistent_drop_is_shown_and_noise_is_not() -> None:
+    # The machine's speed moves both arms together; B is 0.05 lower in every pair.
+    a = [0.40, 0.46, 0.43, 0.50]
+    b = [x - 0.05 for x in a]
+    dropped = paired("worker", a, b)
+    assert dropped.diff == pytest.approx(-0.05)
+    assert dropped.ci_high is not None and dropped.ci_high < 0
+    assert dropped.verdict == "B lower"
+    assert dropped.relative == pytest.approx(-0.05 / statistics.fmean(a))
+    # Differences of both signs: no difference shown.
+    noisy = paired("worker", [0.40, 0.46, 0.43, 0.50], [0.45, 0.41, 0.47, 0.44])
+    assert noisy.verdict == "no difference shown"
+    assert noisy.ci_low is not None and noisy.ci_low < 0 < (noisy.ci_high or 0)
+    assert paired("rate", [900.0], [1000.0]).verdict == "one pair: no interval"
+    assert paired("rate", [900.0, 950.0], [1000.0, 1060.0]).verdict == "B higher"
+
+
+def test_paired_refuses_unmatched_runs() -> None:
+    with pytest.raises(ValueError, match="2 A runs against 1 B runs"):
+        paired("rate", [1.0, 2.0], [1.0])
+    with pytest.raises(ValueError):
+        paired("rate", [], [])
+
+
+@given(st.lists(st.floats(min_value=0.1, max_value=10), min_size=2, max_size=20),
+       st.floats(min_value=-1, max_value=1))
+def test_a_constant_shift_is_its_own_difference(a: list[float], shift: float) -> None:
+    got = paired("x", a, [x + shift for x in a])
+    assert got.diff == pytest.approx(shift, abs=1e-9)
+    assert got.ci_low is not None and got.ci_high is not None
+    assert got.ci_low <= got.diff <= got.ci_high
+    assert got.ci_high - got.ci_low == pytest.approx(0, abs=1e-6)
+
+
+def run(rate: float, worker: float, jobs: float = 0.6) -> dict[str, object]:
+    return {"noop_jobs_per_s": rate, "cpu_ms_per_job_total": jobs + worker + 0.5,
+            "cpu_ms_per_job": {JOBS: jobs, "worker": worker, "projector": 0.5},
+            "python_mops_median_during": 7.0}
+
+
+def test_figures_of_a_run() -> None:
+    got = figures(run(1000.0, 0.4))
+    assert got["jobs/s end to end"] == 1000.0
+    assert got["CPU ms/job, total"] == pytest.approx(1.5)
+    assert got["CPU ms/job, the stack's own (all but the jobs)"] == pytest.approx(0.9)
+    assert got["the stack's own CPU per job / the jobs' CPU per job"] == pytest.approx(1.5)
+    assert got["CPU ms/job, worker"] == 0.4
+    assert got["machine probe, M iterations/s"] == 7.0
+
+
+def test_compare_covers_the_figures_every_run_has() -> None:
+    runs_a = [figures(run(1000.0, 0.40)), figures(run(900.0, 0.45))]
+    runs_b = [figures(run(1040.0, 0.35)), figures(run(950.0, 0.40))]
+    del runs_b[1]["machine probe, M iterations/s"]  # a run without the probe
+    got = {p.figure: p for p in compare(runs_a, runs_b)}
+    assert "machine probe, M iterations/s" not in got
+    assert got["CPU ms/job, worker"].diff == pytest.approx(-0.05)
+    assert got["CPU ms/job, worker"].verdict == "B lower"
+    assert got["jobs/s end to end"].diff == pytest.approx(45.0)
