@@ -79,6 +79,11 @@ class Paired:
     diff: float
     ci_low: float | None
     ci_high: float | None
+    median_diff: float
+    """The median of the pairs' differences: one odd pair moves it less than the mean."""
+    b_higher: int
+    """In how many pairs B's figure was higher than A's."""
+    pairs: int
 
     @property
     def relative(self) -> float:
@@ -107,7 +112,8 @@ def paired(figure: str, a: Sequence[float], b: Sequence[float]) -> Paired:
     if len(diffs) > 1:
         half = t975(len(diffs) - 1) * statistics.stdev(diffs) / math.sqrt(len(diffs))
         low, high = mean - half, mean + half
-    return Paired(figure, statistics.fmean(a), statistics.fmean(b), mean, low, high)
+    return Paired(figure, statistics.fmean(a), statistics.fmean(b), mean, low, high,
+                  statistics.median(diffs), sum(d > 0 for d in diffs), len(diffs))
 
 
 def figures(execution: Mapping[str, Any]) -> dict[str, float]:
@@ -121,6 +127,8 @@ def figures(execution: Mapping[str, Any]) -> dict[str, float]:
     if jobs > 0:
         out["the stack's own CPU per job / the jobs' CPU per job"] = (total - jobs) / jobs
     out |= {f"CPU ms/job, {name}": float(ms) for name, ms in per_job.items()}
+    if "machine_busy_share" in execution:
+        out["machine busy share"] = float(execution["machine_busy_share"])
     if "python_mops_median_during" in execution:
         out["machine probe, M iterations/s"] = float(execution["python_mops_median_during"])
     return out
@@ -249,12 +257,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     compared = compare([figures(r) for r in results["a"]], [figures(r) for r in results["b"]])
     table = Table(title=f"A = {args.a} {' '.join(args.a_env)}   B = {args.b} "
                         f"{' '.join(args.b_env)}   ({args.pairs} pairs, {args.exec_jobs:,} jobs)")
-    for column in ("figure", "A", "B", "B - A", "95% interval", "", "verdict"):
+    for column in ("figure", "A", "B", "B - A", "95% interval", "", "median B - A",
+                   "B higher", "verdict"):
         table.add_column(column, justify="left" if column in ("figure", "verdict") else "right")
     for p in compared:
         interval = "-" if p.ci_low is None else f"{p.ci_low:+.3f} .. {p.ci_high:+.3f}"
         table.add_row(p.figure, f"{p.mean_a:.3f}", f"{p.mean_b:.3f}", f"{p.diff:+.3f}",
-                      interval, f"{p.relative:+.1%}", p.verdict)
+                      interval, f"{p.relative:+.1%}", f"{p.median_diff:+.3f}",
+                      f"{p.b_higher} of {p.pairs}", p.verdict)
     Console(width=160).print(table)
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

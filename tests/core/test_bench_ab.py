@@ -49,8 +49,20 @@ def test_a_consistent_drop_is_shown_and_noise_is_not() -> None:
     noisy = paired("worker", [0.40, 0.46, 0.43, 0.50], [0.45, 0.41, 0.47, 0.44])
     assert noisy.verdict == "no difference shown"
     assert noisy.ci_low is not None and noisy.ci_low < 0 < (noisy.ci_high or 0)
+    assert (dropped.median_diff, dropped.b_higher, dropped.pairs) == (
+        pytest.approx(-0.05), 0, 4)
     assert paired("rate", [900.0], [1000.0]).verdict == "one pair: no interval"
     assert paired("rate", [900.0, 950.0], [1000.0, 1060.0]).verdict == "B higher"
+
+
+def test_one_odd_pair_moves_the_median_less_than_the_mean() -> None:
+    a = [0.38, 0.38, 0.35, 0.44]
+    b = [0.35, 0.49, 0.33, 0.42]  # lower by 0.02-0.03 but in the second pair, +0.11 there
+    got = paired("projector", a, b)
+    assert got.verdict == "no difference shown"
+    assert got.median_diff == pytest.approx(-0.02)
+    assert got.b_higher == 1 and got.pairs == 4
+    assert got.diff == pytest.approx(0.01)
 
 
 def test_paired_refuses_unmatched_runs() -> None:
@@ -73,7 +85,7 @@ def test_a_constant_shift_is_its_own_difference(a: list[float], shift: float) ->
 def run(rate: float, worker: float, jobs: float = 0.6) -> dict[str, object]:
     return {"noop_jobs_per_s": rate, "cpu_ms_per_job_total": jobs + worker + 0.5,
             "cpu_ms_per_job": {JOBS: jobs, "worker": worker, "projector": 0.5},
-            "python_mops_median_during": 7.0}
+            "python_mops_median_during": 7.0, "machine_busy_share": 0.9}
 
 
 def test_figures_of_a_run() -> None:
@@ -84,6 +96,7 @@ def test_figures_of_a_run() -> None:
     assert got["the stack's own CPU per job / the jobs' CPU per job"] == pytest.approx(1.5)
     assert got["CPU ms/job, worker"] == 0.4
     assert got["machine probe, M iterations/s"] == 7.0
+    assert got["machine busy share"] == 0.9
 
 
 def test_compare_covers_the_figures_every_run_has() -> None:
