@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TypeAlias
 
 Value: TypeAlias = int | str | bool | None
@@ -125,8 +126,13 @@ class Increments:
             for column, delta in deltas.items():
                 merged[column] = merged.get(column, 0) + delta
         self._by_key.clear()
+        rows = list(canonical.items())
+        try:  # a stable order for the writes (and their row locks): table, then key
+            rows.sort(key=itemgetter(0))
+        except TypeError:  # a key column holding values of two types (None and a string)
+            rows.sort(key=lambda kv: repr(kv[0]))
         out = []
-        for (table, key), deltas in sorted(canonical.items(), key=lambda kv: repr(kv[0])):
+        for (table, key), deltas in rows:
             nonzero = {c: d for c, d in deltas.items() if d != 0}
             if nonzero:
                 out.append(Increment(table, dict(key), nonzero))

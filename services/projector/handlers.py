@@ -39,7 +39,7 @@ from core.projection.commit import (
     plan_commit,
     stage_jobs,
 )
-from core.projection.execution import Child, JobFacts, Release, move, release_children
+from core.projection.execution import Child, JobFacts, Release, release_children
 from core.projection.fold import (
     fold_batch_created,
     fold_batch_deleted,
@@ -607,8 +607,8 @@ class Handler:
         values: dict[str, Any] = {}
         if row.state in ("Ready", "Creating"):
             facts = self._facts(b, row)
-            self._w.emit(move(facts, row.state, "Running", self._ancestors(b, facts.job_group_id),
-                              self._token))
+            self._w.move(facts, row.state, "Running", self._ancestors(b, facts.job_group_id),
+                         self._token)
             values = {"state": "Running", "attempt_id": event.attempt_id,
                       "instance_name": event.instance_name, "n_attempts": row.n_attempts + 1}
             row.state, row.attempt_id = "Running", event.attempt_id
@@ -647,8 +647,8 @@ class Handler:
             self._end(b, row, "Error", now, {"end_time_ms": event.end_time_ms})
             return
         facts = self._facts(b, row)
-        self._w.emit(move(facts, "Running", "Ready", self._ancestors(b, facts.job_group_id),
-                          self._token))
+        self._w.move(facts, "Running", "Ready", self._ancestors(b, facts.job_group_id),
+                     self._token)
         self._w.emit([Update("jobs", {"state": "Ready", "attempt_id": None,
                                       "instance_name": None},
                              {"batch_id": b, "job_id": j})])
@@ -694,7 +694,7 @@ class Handler:
         facts = self._facts(b, row)
         ancestors = self._ancestors(b, facts.job_group_id)
         progress = self._progress(b, ancestors)  # loaded before the move below changes it
-        self._w.emit(move(facts, row.state, state, ancestors, self._token))
+        self._w.move(facts, row.state, state, ancestors, self._token)
         self._w.emit([Update("jobs", {"state": state, **values},
                              {"batch_id": b, "job_id": facts.job_id})])
         row.state = state

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 from pymysql.constants import SERVER_STATUS
 
 from core.projection.billing import Billed, accrue_into
+from core.projection.execution import JobFacts, move_into
 from core.projection.ops import (
     Delete,
     Increment,
@@ -42,6 +43,7 @@ from core.projection.ops import (
     Upsert,
     Value,
 )
+from schemas.base import JobState
 
 IN_CHUNK = 5_000
 BULK_CHUNK = 500
@@ -339,6 +341,11 @@ class Writer:
                token: int) -> None:
         """Bill an interval into the rollups: ``emit(accrue(...))`` without the ops."""
         accrue_into(self._increments, who, quantities, from_ms, to_ms, token)
+
+    def move(self, job: JobFacts, old: JobState, new: JobState, ancestors: Sequence[int],
+             token: int) -> None:
+        """A job's counter movements: ``emit(move(...))`` without the ops."""
+        move_into(self._increments, job, old, new, ancestors, token)
 
     def _touches_deferred(self, op: Op, keys: tuple[str, ...]) -> bool:
         deferred = self._deferred.get(op.table)

@@ -58,3 +58,24 @@ def test_drain_is_stable_and_empties() -> None:
                            Increment("t", {"a": 2, "b": 1}, {"x": 3})]
     assert acc.drain() == []
     assert len(acc) == 0
+
+
+@given(st.lists(increments(), max_size=40))
+def test_drain_orders_rows_by_table_then_key_whatever_the_arrival(ops: list[Increment]
+                                                                  ) -> None:
+    # One fixed order of writes, so two transactions lock shared rows in the same order.
+    rows = [(op.table, tuple(sorted(op.key.items()))) for op in merge_increments(ops)]
+    assert rows == sorted(rows)
+    again = [(op.table, tuple(sorted(op.key.items()))) for op in merge_increments(ops[::-1])]
+    assert again == rows
+
+
+def test_drain_orders_a_key_column_of_mixed_types_too() -> None:
+    acc = Increments()
+    for value in ("x", None, 3, "a"):
+        acc.add(Increment("t", {"k": value}, {"n": 1}))
+    first = [op.key["k"] for op in acc.drain()]
+    for value in (3, "a", None, "x"):
+        acc.add(Increment("t", {"k": value}, {"n": 1}))
+    assert [op.key["k"] for op in acc.drain()] == first
+    assert sorted(map(repr, first)) == list(map(repr, first))
