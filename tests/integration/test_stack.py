@@ -28,12 +28,13 @@ from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, Publisher, Record
 from services.common.offsets import MySQLOffsetStore
 from services.common.settings import (
+    LOCAL_BROKER_FETCH_MAX_WAIT_MS,
     LOCAL_BROKER_PARTITIONS,
     TOPIC_BATCH,
     DatabaseSettings,
     LogSettings,
 )
-from services.stack.config import SEAWEED_PORT_SPAN, load_config
+from services.stack.config import LOCAL_WORKER_CORES, SEAWEED_PORT_SPAN, load_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -285,3 +286,17 @@ def test_the_local_stack_uses_few_partitions_unless_told_otherwise(tmp_path: Pat
     asked = load_config({**base, "HS_KAFKA_PARTITIONS": "8"})
     assert asked.settings.log.partitions == 8
     assert asked.client_env()["HS_KAFKA_PARTITIONS"] == "8"
+
+
+def test_local_workers_announce_more_cores_and_the_broker_waits_longer_unless_told(
+        tmp_path: Path) -> None:
+    base = {"HS_DATA_DIR": str(tmp_path)}
+    env = load_config(base).client_env()
+    assert env["HS_SCHEDULER_WORKER_CORES"] == str(LOCAL_WORKER_CORES)
+    assert env["HS_KAFKA_FETCH_MAX_WAIT_MS"] == str(LOCAL_BROKER_FETCH_MAX_WAIT_MS)
+    asked = load_config({**base, "HS_SCHEDULER_WORKER_CORES": "4",
+                         "HS_KAFKA_FETCH_MAX_WAIT_MS": "10"}).client_env()
+    assert (asked["HS_SCHEDULER_WORKER_CORES"], asked["HS_KAFKA_FETCH_MAX_WAIT_MS"]) == (
+        "4", "10")
+    with pytest.raises(ValueError, match="HS_SCHEDULER_WORKER_CORES"):
+        load_config({**base, "HS_SCHEDULER_WORKER_CORES": "many"})

@@ -469,7 +469,7 @@ def test_settings_from_the_environment() -> None:
                                      "HS_WORKER_HEARTBEAT_S": "0.5",
                                      "HS_WORKER_START_REPORT_MS": "40"}, data_dir="/data")
     assert settings.start_report_ms == 40
-    assert load_worker_settings({}).start_report_ms == 100
+    assert load_worker_settings({}).start_report_ms == 1_000
     assert (settings.instance_name, settings.port, settings.cores_mcpu) == ("w-9", 6001, 16000)
     # Logs and specs default to the shared roots ingest uses.
     assert (settings.heartbeat_s, settings.log_dir, settings.spec_dir) == (
