@@ -9,6 +9,12 @@ that waited for it. The projector sets ``LogSettings.fetch_max_wait_ms`` here in
 The consumer also holds back records fetched past a hole in a partition's offsets and fetches
 the hole again (:mod:`core.log_gaps`): the local broker can serve a later record batch before an
 earlier one is readable, and faust would go on past it, so the projection would miss records.
+
+A newly assigned partition delivers nothing until it is sought: the projector seeks each one to
+the offset stored with the projection, and records fetched before that, from wherever the group
+left the partition, reached the agent after the seek and were applied (seen: a restart applied
+the records after one that had stopped the projector, because faust had committed past it).
+An app on this transport must seek every partition it is assigned.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         super().__init__(*args, **kwargs)
         self._gaps: GapGuard[TP] = GapGuard()
         self._next: dict[TP, int] = {}  # after the last record handed to faust, per partition
+        self._unsought: set[TP] = set()  # assigned, and not sought since: deliver nothing
 
     async def _fetch_records(self, consumer: Any, active_partitions: Any,
                              timeout: float | None = None,  # noqa: ASYNC109 (faust's signature)
@@ -39,6 +46,9 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
                                                     timeout=timeout, max_records=max_records))
         now = time.monotonic()
         for tp, records in list(fetched.items()):
+            if tp in self._unsought:
+                del fetched[tp]  # the seek that comes moves the position back to its own
+                continue
             admitted = self._gaps.admit(tp, self._next.get(tp), [r.offset for r in records],
                                         now)
             if admitted.accepted is not None:
@@ -62,13 +72,16 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         await super()._seek_wait(consumer, partitions)
 
     async def on_partitions_assigned(self, assigned: Any, generation: int = 0) -> None:
-        # Positions come from wherever the group left them: the first record is taken as it
-        # comes (the projector then seeks to its stored offsets).
+        # Positions come from wherever the group left them: nothing is delivered until the
+        # projector seeks each partition to its stored offset; from there on, the first
+        # record is taken as it comes.
         self._next.clear()
         self._gaps = GapGuard()
+        self._unsought = set(assigned)
         await super().on_partitions_assigned(assigned, generation)
 
     def _moved(self, tp: TP, offset: int) -> None:
+        self._unsought.discard(tp)
         self._next[tp] = offset
         self._gaps.forget(tp)
 

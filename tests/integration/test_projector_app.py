@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -160,5 +161,53 @@ async def test_a_partition_with_nothing_applied_is_read_from_its_start(
     try:
         projector.start()
         wait_for(engine, "SELECT id, state FROM batches WHERE id = 301", [(301, "running")])
+    finally:
+        engine.dispose()
+
+
+async def test_records_fetched_before_the_projector_seeks_never_reach_the_projection(
+        projector: Projector, log_settings: LogSettings, migrated_db: DatabaseSettings) -> None:
+    """On an assignment faust resumes fetching from the group's committed offset, which can be
+    past records the projection never applied, while the projector still loads its stored
+    offsets to seek to. What is fetched meanwhile must not be applied: the sink would store a
+    position past the records in between and then skip them for good. The stored offsets'
+    table is locked here while the projector is assigned its partitions, so that the load
+    waits and the fetch from the group's offset comes first."""
+    await bootstrap_topics(log_settings)
+    engine = sa.create_engine(migrated_db.url())
+    topic = log_settings.topic(BATCH)
+    try:
+        async with Publisher(log_settings) as pub:
+            # Batches, the group's offsets set past them (as faust's commit past records it
+            # took and never applied leaves them), then batches after those offsets.
+            behind = await pub.publish_many(
+                [e for b in range(401, 409) for e in submission(b, 1, [job(1)], create=True)])
+            ends: dict[int, int] = {}
+            for p in behind:
+                ends[p.partition] = max(ends.get(p.partition, 0), p.offset + 1)
+            group = AIOKafkaConsumer(bootstrap_servers=log_settings.bootstrap_servers,
+                                     group_id=projector_consumer(log_settings),
+                                     enable_auto_commit=False)
+            await group.start()
+            try:
+                tps = {p: TopicPartition(topic, p) for p in ends}
+                group.assign(list(tps.values()))
+                await group.commit({tp: OffsetAndMetadata(ends[p], "") for p, tp in tps.items()})
+            finally:
+                await group.stop()
+            ahead = await pub.publish_many(
+                [e for b in range(409, 417) for e in submission(b, 1, [job(1)], create=True)])
+        assert set(ends) & {p.partition for p in ahead}  # some partition has both
+        with engine.connect() as lock:
+            lock.execute(sa.text("LOCK TABLES applied_offsets WRITE"))
+            projector.start()
+            deadline = time.monotonic() + 60
+            while b"_on_partitions_assigned" not in projector.logfile.read_bytes():
+                assert time.monotonic() < deadline, "the projector was never assigned"
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(3)  # fetches from the group's offsets come back meanwhile
+            lock.execute(sa.text("UNLOCK TABLES"))
+        wait_for(engine, "SELECT id FROM batches WHERE id > 400 ORDER BY id",
+                 [(b,) for b in range(401, 417)])
     finally:
         engine.dispose()
