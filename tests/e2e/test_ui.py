@@ -373,8 +373,11 @@ def test_billing_page_screenshot(page: Page, world: World) -> None:
 def test_ops_dashboard_screenshot(browser: Browser, world: World) -> None:
     s = world.system
     busy = create_fast(s, "ui-ops-sleeper", [job_spec(1, ["sleep", "600"], "busy")])
-    wait_for("the ops sleeper to run",
-             lambda: api(s, "GET", f"/batches/{busy}/jobs/1")["state"] == "Running", timeout=180)
+    # Running from the SJ; the attempt's start (the busy table's) from the MJS, a second later.
+    wait_for("the ops sleeper's start",
+             lambda: [a["start_time"] is not None
+                      for a in api(s, "GET", f"/batches/{busy}/jobs/1/attempts")] == [True],
+             timeout=180)
     (attempt,) = api(s, "GET", f"/batches/{busy}/jobs/1/attempts")
     context = login(browser, world.system, world.system.dev_token)
     try:
