@@ -210,3 +210,22 @@ PROJECTOR_CONSUMER = "projector"
 def projector_consumer(log: LogSettings) -> str:
     """The projector's consumer name as stored in ``applied_offsets``."""
     return f"{log.topic_prefix}{PROJECTOR_CONSUMER}"
+
+
+PROJECTOR_NICE_ENV = "HS_PROJECTOR_NICE"
+"""How much the projector lowers its CPU priority at start (``os.nice``; 0-19, default 0)."""
+
+
+def projector_nice(env: Mapping[str, str]) -> int:
+    """The priority decrease :data:`PROJECTOR_NICE_ENV` asks for (default 0); ValueError,
+    saying why, for a value that is not a whole number 0-19."""
+    raw = env.get(PROJECTOR_NICE_ENV)
+    if raw is None or raw == "":
+        return 0
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{PROJECTOR_NICE_ENV} must be a whole number 0-19, not {raw!r}") from None
+    if not 0 <= n <= 19:
+        raise ValueError(f"{PROJECTOR_NICE_ENV} must be between 0 and 19, not {n}")
+    return n

@@ -6,6 +6,9 @@ read-your-writes waits (see ``services.projector.app.BATCH_WITHIN_ENV``).
 ``HS_PROJECTOR_EXECUTION_LINGER_MS`` (default 40) is how much longer a batch of execution
 reports alone (SJ, MJS, MJC, heartbeats: nobody waits to read them) waits before it is applied
 (see ``services.projector.app.EXECUTION_LINGER_ENV``).
+``HS_PROJECTOR_NICE`` (default 0) lowers the process's CPU priority by that much (0-19): on a
+machine the projector shares with the request path, it then yields to ingest and catches up
+after (the one-machine stack sets it; see ``services.stack.config.LOCAL_PROJECTOR_NICE``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import sqlalchemy as sa
 
 from services.common.gcpause import tune_for_service
 from services.common.metrics import metrics_host, metrics_port
-from services.common.settings import load_settings
+from services.common.settings import load_settings, projector_nice
 from services.projector.app import batch_within_s, create_app, execution_linger_s
 
 
@@ -29,8 +32,11 @@ def main() -> None:
     try:
         within_s = batch_within_s(os.environ)
         linger_s = execution_linger_s(os.environ)
+        nice = projector_nice(os.environ)
     except ValueError as e:
         sys.exit(f"projector: {e}")
+    if nice:
+        os.nice(nice)
     engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
                               pool_pre_ping=True)
     app = create_app(settings, engine, metrics_port=metrics_port("projector"),

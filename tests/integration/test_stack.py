@@ -34,7 +34,12 @@ from services.common.settings import (
     DatabaseSettings,
     LogSettings,
 )
-from services.stack.config import LOCAL_WORKER_CORES, SEAWEED_PORT_SPAN, load_config
+from services.stack.config import (
+    LOCAL_PROJECTOR_NICE,
+    LOCAL_WORKER_CORES,
+    SEAWEED_PORT_SPAN,
+    load_config,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -139,6 +144,15 @@ def test_up_runs_durable_stack_and_status_reports_it(stack: Stack) -> None:
                                      "completions"}
     assert status["database"]["reachable"] and status["database"]["name"] == stack.db_name
     assert status["env"]["HS_KAFKA_BOOTSTRAP"] == stack.bootstrap
+    # The projector runs at a lower priority than the request path (LOCAL_PROJECTOR_NICE).
+    pids = stack.recorded_pids()
+    assert _nice(pids["projector"]) == min(19, os.getpriority(os.PRIO_PROCESS, 0)
+                                           + LOCAL_PROJECTOR_NICE)
+    assert _nice(pids["ingest"]) == os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[16])
 
 
 def test_up_twice_starts_no_duplicates(stack: Stack) -> None:
@@ -300,3 +314,21 @@ def test_local_workers_announce_more_cores_and_the_broker_waits_longer_unless_to
         "4", "10")
     with pytest.raises(ValueError, match="HS_SCHEDULER_WORKER_CORES"):
         load_config({**base, "HS_SCHEDULER_WORKER_CORES": "many"})
+
+
+def test_the_local_projector_yields_the_cores_unless_told(tmp_path: Path) -> None:
+    base = {"HS_DATA_DIR": str(tmp_path)}
+    assert load_config(base).client_env()["HS_PROJECTOR_NICE"] == str(LOCAL_PROJECTOR_NICE)
+    assert load_config({**base, "HS_PROJECTOR_NICE": "0"}).client_env()[
+        "HS_PROJECTOR_NICE"] == "0"
+    for bad in ("low", "20", "-1"):
+        with pytest.raises(ValueError, match="HS_PROJECTOR_NICE"):
+            load_config({**base, "HS_PROJECTOR_NICE": bad})
+
+
+def test_the_projector_refuses_a_priority_it_cannot_take() -> None:
+    out = subprocess.run([sys.executable, "-m", "services.projector"],
+                         env={**os.environ, "HS_PROJECTOR_NICE": "lowest"}, cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "HS_PROJECTOR_NICE must be a whole number 0-19, not 'lowest'" in out.stderr
