@@ -375,8 +375,9 @@ def test_ops_dashboard_screenshot(browser: Browser, world: World) -> None:
     busy = create_fast(s, "ui-ops-sleeper", [job_spec(1, ["sleep", "600"], "busy")])
     # Running from the SJ; the attempt's start (the busy table's) from the MJS, a second later.
     wait_for("the ops sleeper's start",
-             lambda: [a["start_time"] is not None
-                      for a in api(s, "GET", f"/batches/{busy}/jobs/1/attempts")] == [True],
+             lambda: [a["start_time"] is not None  # null before the first attempt
+                      for a in api(s, "GET", f"/batches/{busy}/jobs/1/attempts") or []]
+             == [True],
              timeout=180)
     (attempt,) = api(s, "GET", f"/batches/{busy}/jobs/1/attempts")
     context = login(browser, world.system, world.system.dev_token)
