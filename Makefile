@@ -28,15 +28,21 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The official Hail client, in its own venv so its pins never constrain ours
-# (../shared/hail-api.md): the judge of API compatibility in tests/e2e.
+# (../shared/hail-api.md): the judge of API compatibility in tests/e2e. Its dependencies at the
+# versions the release pins for itself (hailtop/hailctl/deploy.yaml: what `hailctl dataproc`
+# installs beside the wheel), not whatever is newest: orjson 3.12 and later take a fresh page
+# per dumps() and made the client's 1M-job submit 2-4 s slower here (docs/performance.md).
 HAIL_VENV ?= .venv-hail
-HAIL_STAMP := $(HAIL_VENV)/.installed
+HAIL_STAMP := $(HAIL_VENV)/.installed-release-pins
 venv-hail: $(HAIL_STAMP)
 
 $(HAIL_STAMP):
 	@test -x $(HAIL_VENV)/bin/python || $(PYTHON) -m venv $(HAIL_VENV)
 	$(HAIL_VENV)/bin/pip install -q --no-deps hail==0.2.139
-	$(HAIL_VENV)/bin/pip install -q "aiohttp>=3.11.16,<4" "orjson>=3.9.15,<4" "rich>=12.6.0,<13" \
+	sed -n 's/^    - \([A-Za-z0-9_.-]*==[^ ]*\)$$/\1/p' \
+	  $(HAIL_VENV)/lib/python*/site-packages/hailtop/hailctl/deploy.yaml > $(HAIL_VENV)/hail-pins.txt
+	@test -s $(HAIL_VENV)/hail-pins.txt || { echo "no pins in hail's deploy.yaml"; exit 1; }
+	$(HAIL_VENV)/bin/pip install -q -c $(HAIL_VENV)/hail-pins.txt "aiohttp>=3.11.16,<4" "orjson>=3.9.15,<4" "rich>=12.6.0,<13" \
 	  "humanize>=4.0,<5" "sortedcontainers>=2.4.0,<3" "janus>=0.6,<1.1" "nest_asyncio>=1.5.8,<2" \
 	  jproperties botocore "requests>=2.32.4,<3" "azure-identity>=1.23.0,<2" \
 	  "azure-storage-blob>=12.11.0,<13" "azure-mgmt-storage==20.1.0" "google-auth>=2.14.1,<3" \
