@@ -132,6 +132,20 @@ def _drained(url: str, token: str, batch_id: int, within_s: float = 900.0) -> fl
     return time.perf_counter() - t0
 
 
+CLIENT_PACKAGES = ("hail", "orjson", "aiohttp")
+"""Whose versions the figures record: the client's time depends on them (docs/performance.md:
+orjson 3.12 and later made the 1M-job submit's client part 2-4 s slower here)."""
+
+
+def client_versions() -> dict[str, str]:
+    """The versions of :data:`CLIENT_PACKAGES` in the client's venv."""
+    code = ("import importlib.metadata as m, json, sys; "
+            "print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))")
+    out = subprocess.run([str(HAIL_PYTHON), "-c", code, *CLIENT_PACKAGES], capture_output=True,
+                         text=True, timeout=60, check=True)
+    return dict(json.loads(out.stdout))
+
+
 def client_alone(n: int, tmp: Path) -> dict[str, Any]:
     """The same submission against a server that answers at once (bench/null_server.py):
     what the official client alone needs, the floor under any server's figure."""
@@ -193,6 +207,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "client_cpu_seconds": round(big["cpu_seconds"], 2),
             "client_alone_seconds": round(alone["seconds"], 2),
             "client_alone_cpu_seconds": round(alone["cpu_seconds"], 2),
+            "client_versions": client_versions(),
             "submit_1000_seconds": round(small["seconds"], 2),
             "status_ms_at_1000_jobs": status_small,
             f"status_ms_at_{n_jobs}_jobs": status_big,
