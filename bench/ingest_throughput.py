@@ -53,10 +53,11 @@ def _submit(url: str, token: str, n: int, cpu: str | None = None) -> dict[str, A
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _latency_ms(url: str, token: str, paths: Sequence[str], n: int = 200
-                ) -> list[dict[str, float]]:
-    """Latency of each GET (a path under ``/api/v1alpha``), their requests alternating so that
-    every one is measured under the same load (the big batch's jobs run meanwhile)."""
+def _latency_ms(url: str, token: str, paths: Sequence[str], n: int = 400
+                ) -> list[list[float]]:
+    """Latencies of ``n`` GETs of each path (under ``/api/v1alpha``), in rounds of one request
+    per path, so that the k-th of every path is measured under the same load (the big batch's
+    jobs run meanwhile)."""
     requests = [urllib.request.Request(f"{url}/api/v1alpha/{path}",
                                        headers={"Authorization": f"Bearer {token}"})
                 for path in paths]
@@ -67,12 +68,27 @@ def _latency_ms(url: str, token: str, paths: Sequence[str], n: int = 200
             with urllib.request.urlopen(req, timeout=30) as resp:
                 resp.read()
             out.append((time.perf_counter() - t0) * 1000)
-    figures = []
-    for out in samples:
-        out.sort()
-        figures.append({"median": round(statistics.median(out), 2),
-                        "p95": round(out[int(0.95 * len(out)) - 1], 2)})
-    return figures
+    return samples
+
+
+def latency_figures(samples: Sequence[float]) -> dict[str, float]:
+    """Median and 95th percentile of latencies."""
+    ordered = sorted(samples)
+    return {"median": round(statistics.median(ordered), 2),
+            "p95": round(ordered[int(0.95 * len(ordered)) - 1], 2)}
+
+
+def paired_ratio(big: Sequence[float], small: Sequence[float]) -> float:
+    """The median, over rounds, of one round's latency of ``big`` over that of ``small``.
+
+    The machine's load moves the latency of both reads of a round alike (both cores are busy
+    running the big batch's jobs, and a read's median there is several times its cost at rest),
+    so the ratio of the two medians moved by up to a quarter from run to run; each round's own
+    ratio leaves that shared load out.
+    """
+    if len(big) != len(small) or not big:
+        raise ValueError("paired latencies need the same number of samples, at least one")
+    return round(statistics.median(b / a for b, a in zip(big, small, strict=True)), 3)
 
 
 def _get(url: str, token: str, batch_id: int) -> dict[str, Any]:
@@ -196,7 +212,7 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         spent = window.stop(n_jobs, extra={"client (hailtop)": big["cpu_seconds"]})
         # The batch's status, and its root job group's (the group holding every job; any
         # group's status is read the same way).
-        status_small, status_big, group_small, group_big = _latency_ms(url, token, [
+        reads = _latency_ms(url, token, [
             f"batches/{small['id']}", f"batches/{big['id']}",
             f"batches/{small['id']}/job-groups/0", f"batches/{big['id']}/job-groups/0"])
         out: dict[str, Any] = {
@@ -209,10 +225,12 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "client_alone_cpu_seconds": round(alone["cpu_seconds"], 2),
             "client_versions": client_versions(),
             "submit_1000_seconds": round(small["seconds"], 2),
-            "status_ms_at_1000_jobs": status_small,
-            f"status_ms_at_{n_jobs}_jobs": status_big,
-            "group_status_ms_at_1000_jobs": group_small,
-            f"group_status_ms_at_{n_jobs}_jobs": group_big,
+            "status_ms_at_1000_jobs": latency_figures(reads[0]),
+            f"status_ms_at_{n_jobs}_jobs": latency_figures(reads[1]),
+            f"status_paired_ratio_at_{n_jobs}_jobs": paired_ratio(reads[1], reads[0]),
+            "group_status_ms_at_1000_jobs": latency_figures(reads[2]),
+            f"group_status_ms_at_{n_jobs}_jobs": latency_figures(reads[3]),
+            f"group_status_paired_ratio_at_{n_jobs}_jobs": paired_ratio(reads[3], reads[2]),
             "commit_visible_after_submit_s": round(visible, 2),
             # For the machine's speed during the submit (bench/__main__.py takes it out).
             "submit_window_monotonic": [submit_started, submit_ended],

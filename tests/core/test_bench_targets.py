@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from bench.ingest_throughput import paired_ratio
 from bench.machine import Sampler, memory_chain, memory_msteps, python_mops, summary
 from bench.targets import DIAGNOSTIC, assess
 
@@ -224,3 +227,42 @@ def test_the_submit_note_names_the_machine_speed_during_the_submit_itself() -> N
     assert note().endswith("during the submit itself: probe median 5.2")
     del figures["python_mops_median_during_submit"]
     assert "during the submit itself" not in note()
+
+
+def test_the_paired_ratio_judges_status_where_a_run_has_it() -> None:
+    reads = {"status_ms_at_1000_jobs": {"median": 5.0},
+             "status_ms_at_1000000_jobs": {"median": 6.5},  # 1.30x of the medians
+             "group_status_ms_at_1000_jobs": {"median": 5.0},
+             "group_status_ms_at_1000000_jobs": {"median": 5.0}}
+    got = by_figure({"ingest": {"jobs": 1_000_000, **reads,
+                                "status_paired_ratio_at_1000000_jobs": 1.05,
+                                "group_status_paired_ratio_at_1000000_jobs": 1.25}})
+    assert got["batch status latency, 1M vs 1k jobs"] == ("1.05x", True)
+    # the paired figure can fail too: it is what is judged, not the better of the two
+    assert got["job-group status latency, 1M vs 1k jobs"] == ("1.25x", False)
+
+
+def test_a_round_s_ratio_leaves_the_load_both_reads_shared_out() -> None:
+    # the load moves both reads of a round alike: 2, 10, 3 ms; the big read is 10% slower
+    small = [2.0, 10.0, 3.0, 2.0, 10.0]
+    big = [2.2, 11.0, 3.3, 2.2, 11.0]
+    assert paired_ratio(big, small) == 1.1
+    assert paired_ratio(small, small) == 1.0
+    # rounds' ratios 0.5, 2, 3: their median
+    assert paired_ratio([1.0, 4.0, 9.0], [2.0, 2.0, 3.0]) == 2.0
+
+
+@given(st.lists(st.tuples(st.floats(0.1, 1e3), st.floats(0.1, 1e3), st.floats(0.5, 2.0)),
+                min_size=1, max_size=50))
+def test_a_common_factor_of_every_round_gives_that_factor(
+        rounds: list[tuple[float, float, float]]) -> None:
+    small = [a for a, _, _ in rounds]
+    k = rounds[0][2]
+    assert paired_ratio([a * k for a in small], small) == pytest.approx(k, abs=1e-3)
+
+
+def test_paired_latencies_must_pair() -> None:
+    with pytest.raises(ValueError, match="same number"):
+        paired_ratio([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="same number"):
+        paired_ratio([], [])
