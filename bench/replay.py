@@ -202,6 +202,10 @@ def _copy_floor(server: DatabaseSettings, source: str, n_events: int) -> dict[st
             # A submitted job is at least its row in `jobs` (read-your-writes reads it there):
             # this rate bounds how fast any submission can be visible, per core.
             "copy_floor_jobs_rows_per_s": round(per_table["jobs"][0] / per_table["jobs"][1]),
+            # Where MariaDB's share of a replay goes: the tables that took longest to copy.
+            "copy_floor_seconds_by_table": {
+                t: [n, round(s, 3)] for t, (n, s) in sorted(
+                    per_table.items(), key=lambda kv: -kv[1][1])[:6]},
             "copy_floor_mariadb_cpu_ms_per_event": spent["cpu_ms_per_event_total"],
             "copy_floor_events_per_s_per_core": round(n_events / seconds),
             f"copy_floor_events_per_s_{cores}_cores": round(cores * n_events / seconds),
