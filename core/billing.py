@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final
 
+import msgspec
+
 from core.resources import JOB_PRIVATE, WORKER_MEMORY_PER_CORE_MIB, WorkerType
 from schemas.base import AttemptResource
 
@@ -172,6 +174,30 @@ def attempt_resources(cores_mcpu: int, machine: Machine,
     }
     return sorted((AttemptResource(resource=f"{p}/{versions.get(p, FIRST_VERSION)}", quantity=q)
                    for p, q in quantities.items() if q > 0), key=lambda r: r.resource)
+
+
+_RESOURCES_JSON: Final = msgspec.json.Encoder(order="sorted")
+_RESOURCES_TYPE: Final = dict[str, int]
+
+
+def resources_text(resources: Mapping[str, int]) -> str | None:
+    """An attempt's resources (resource -> quantity per ms) as its ``attempts.resources``.
+
+    A JSON object with its keys sorted, so the same resources are the same text whatever order
+    they arrived in (a rebuild diffs it against the live row); None for none.
+    """
+    return _RESOURCES_JSON.encode(resources).decode() if resources else None
+
+
+def resources_of_text(text: str | None) -> dict[str, int]:
+    """The inverse of :func:`resources_text`: an empty dict for NULL.
+
+    Raises ValueError (a ``msgspec.DecodeError``) for text that is not an object of integer
+    quantities.
+    """
+    if text is None:
+        return {}
+    return msgspec.json.decode(text, type=_RESOURCES_TYPE)
 
 
 def billable(start_ms: int | None, rollup_ms: int | None, end_ms: int | None,

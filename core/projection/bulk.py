@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.billing import DAY_MS, billable, by_day, day_name, usage
+from core.billing import DAY_MS, billable, by_day, day_name, resources_text, usage
 from core.completions import completion_ops
 from core.projection import billing
 from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
@@ -116,7 +116,6 @@ class _Fold:
         self.jobs: dict[int, _Job] = {}
         self.bunches: list[Op] = []
         self.attempts: dict[tuple[int, str], _Attempt] = {}
-        self.attempt_resources: list[Row] = []
         # (job group, pool, cores, always_run, cancelled, old, new) -> how many jobs moved so.
         self.moves: dict[tuple[int, str, int, bool, bool, JobState, JobState], int] = {}
         self.job_usage: dict[tuple[int, str], int] = {}
@@ -238,17 +237,29 @@ class _Fold:
             att = self.attempts[(job_id, attempt_id)] = _Attempt({
                 "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
                 "instance_name": instance, "start_time_ms": None, "end_time_ms": None,
-                "rollup_time_ms": None, "reason": None})
+                "rollup_time_ms": None, "reason": None, "resources": None})
         if resources and resources != att.seen:
             for r in resources:
                 if r.resource not in att.resources:
                     att.resources[r.resource] = r.quantity
                     att.billed.append(r)
-                    self.attempt_resources.append({
-                        "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
-                        "resource": r.resource, "quantity": r.quantity})
             att.seen = resources
         return att
+
+    def _attempt_rows(self) -> list[Row]:
+        """The attempts' rows with their ``resources`` column.
+
+        A batch's attempts mostly share one resource list: each distinct one is rendered once.
+        """
+        texts: dict[tuple[tuple[str, int], ...], str | None] = {}
+        rows: list[Row] = []
+        for att in self.attempts.values():
+            key = tuple(att.resources.items())
+            if key not in texts:
+                texts[key] = resources_text(att.resources)
+            att.row["resources"] = texts[key]
+            rows.append(att.row)
+        return rows
 
     def _move(self, row: dict[str, Any], old: JobState, new: JobState) -> None:
         cancelled = not row["always_run"] and row["cancelled"]
@@ -352,9 +363,7 @@ class _Fold:
                 acc.add(Increment(inc.table, inc.key,
                                   {c: d * times for c, d in inc.deltas.items()}))
         if self.attempts:
-            ops.append(InsertIgnore("attempts", [a.row for a in self.attempts.values()]))
-        if self.attempt_resources:
-            ops.append(InsertIgnore("attempt_resources", self.attempt_resources))
+            ops.append(InsertIgnore("attempts", self._attempt_rows()))
         job_usage: list[Row] = [{"batch_id": self.b, "job_id": j, "resource": resource,
                       "resource_usage": amount}
                      for (j, resource), amount in self.job_usage.items() if amount]

@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from core.billing import billable
+from core.billing import billable, resources_of_text, resources_text
 from core.completions import completion_ops
 from core.id_tally import IdTally
 from core.projection.billing import Billed
@@ -137,10 +137,8 @@ _JOB_RANGE = sa.text(
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
     "WHERE j.batch_id = :b AND u.committed AND j.job_id BETWEEN :lo AND :hi")
 _ATTEMPT_RANGE = sa.text(
-    "SELECT a.job_id, a.attempt_id, a.start_time_ms, a.rollup_time_ms, a.end_time_ms, "
-    "r.resource, r.quantity FROM attempts a LEFT JOIN attempt_resources r "
-    "ON r.batch_id = a.batch_id AND r.job_id = a.job_id AND r.attempt_id = a.attempt_id "
-    "WHERE a.batch_id = :b AND a.job_id BETWEEN :lo AND :hi")
+    "SELECT job_id, attempt_id, start_time_ms, rollup_time_ms, end_time_ms, resources "
+    "FROM attempts WHERE batch_id = :b AND job_id BETWEEN :lo AND :hi")
 _CHILD_RANGE = sa.text(
     "SELECT parent_id, job_id FROM job_parents WHERE batch_id = :b "
     "AND parent_id BETWEEN :lo AND :hi")
@@ -492,12 +490,8 @@ class Handler:
             key = (int(r.job_id), str(r.attempt_id))
             if key[0] not in todo:
                 continue
-            att = st.attempts.get(key)
-            if att is None:
-                att = st.attempts[key] = AttemptRow(r.start_time_ms, r.rollup_time_ms,
-                                                    r.end_time_ms)
-            if r.resource is not None:
-                att.resources[str(r.resource)] = int(r.quantity)
+            st.attempts[key] = AttemptRow(r.start_time_ms, r.rollup_time_ms, r.end_time_ms,
+                                          resources_of_text(r.resources))
         for parent, child in self._read(_CHILD_RANGE, b=b, lo=lo, hi=hi):
             if int(parent) in todo:
                 st.children[int(parent)].append(int(child))
@@ -535,8 +529,10 @@ class Handler:
         return JobFacts(batch_id, row.job_id, row.job_group_id, row.user, row.inst_coll,
                         row.cores_mcpu, row.always_run, cancelled)
 
-    def _attempt(self, batch_id: int, job_id: int, attempt_id: str, instance: str) -> AttemptRow:
-        """The attempt exists (inserted if new); its cached row. Call after :meth:`_job`.
+    def _attempt(self, batch_id: int, job_id: int, attempt_id: str, instance: str,
+                 resources: Sequence[AttemptResource]) -> AttemptRow:
+        """The attempt exists (inserted if new) and is billed for ``resources`` too (the first
+        quantity of each resource stays); its cached row. Call after :meth:`_job`.
 
         A cached attempt was loaded from its row or inserted earlier in this transaction, so
         it needs no insert: a redundant one would also force the writer to give up merging the
@@ -545,21 +541,18 @@ class Handler:
         attempts = self._batch(batch_id).attempts
         att = attempts.get((job_id, attempt_id))
         if att is None:
+            att = attempts[(job_id, attempt_id)] = AttemptRow()
+            for r in resources:
+                att.resources.setdefault(r.resource, r.quantity)
             self._w.emit([InsertIgnore("attempts", [{
                 "batch_id": batch_id, "job_id": job_id, "attempt_id": attempt_id,
-                "instance_name": instance}])])
-            att = attempts[(job_id, attempt_id)] = AttemptRow()
-        return att
-
-    def _attempt_resources(self, b: int, j: int, attempt_id: str, att: AttemptRow,
-                           resources: Sequence[AttemptResource]) -> None:
-        new = [r for r in resources if r.resource not in att.resources]  # known: has a row
-        if new:
-            self._w.emit([InsertIgnore("attempt_resources", [{
-                "batch_id": b, "job_id": j, "attempt_id": attempt_id,
-                "resource": r.resource, "quantity": r.quantity} for r in new])])
-            for r in new:
+                "instance_name": instance, "resources": resources_text(att.resources)}])])
+        elif any(r.resource not in att.resources for r in resources):
+            for r in resources:
                 att.resources.setdefault(r.resource, r.quantity)
+            self._update_attempt(batch_id, job_id, attempt_id,
+                                 {"resources": resources_text(att.resources)})
+        return att
 
     def _update_attempt(self, b: int, j: int, attempt_id: str, values: dict[str, Any]) -> None:
         """Set columns of an attempt, in the database and in the cache (if it is there)."""
@@ -598,8 +591,7 @@ class Handler:
         MJS may overtake SJ, and either may be duplicated: the first one moves the job."""
         b, j = event.batch_id, event.job_id
         row = self._job(b, j)
-        att = self._attempt(b, j, event.attempt_id, event.instance_name)
-        self._attempt_resources(b, j, event.attempt_id, att, event.resources)
+        self._attempt(b, j, event.attempt_id, event.instance_name, event.resources)
         if isinstance(event, JobStarted):
             self._update_attempt(b, j, event.attempt_id, {"start_time_ms": event.start_time_ms})
         if row is None:
@@ -622,8 +614,7 @@ class Handler:
         """MJC: the first completion of a job decides its state; duplicates only fill times."""
         b, j = event.batch_id, event.job_id
         row = self._job(b, j)
-        att = self._attempt(b, j, event.attempt_id, event.instance_name)
-        self._attempt_resources(b, j, event.attempt_id, att, event.resources)
+        self._attempt(b, j, event.attempt_id, event.instance_name, event.resources)
         self._bill(b, j, event.attempt_id, event.end_time_ms, start_ms=event.start_time_ms,
                    end_ms=event.end_time_ms)
         self._update_attempt(b, j, event.attempt_id, {

@@ -27,6 +27,8 @@ from core.billing import (
     memory_product,
     msec_mcpu,
     over_limit,
+    resources_of_text,
+    resources_text,
     usage,
 )
 from core.projection.billing import (
@@ -74,6 +76,25 @@ def test_attempt_resources_in_the_reference_units() -> None:
     names = [r.resource for r in attempt_resources(2000, machine, latest)]
     assert "compute/highmem-nonpreemptible/3" in names and "service-fee/1" in names
     assert names == sorted(names)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=30), st.integers(0, 2**62), max_size=6))
+def test_resources_text_round_trips_whatever_the_order(resources: dict[str, int]) -> None:
+    text = resources_text(resources)
+    assert resources_of_text(text) == resources
+    assert text == resources_text(dict(reversed(resources.items())))  # the same text
+    if text is not None:
+        assert list(resources_of_text(text)) == sorted(resources)
+
+
+def test_resources_text_is_compact_sorted_json_and_null_for_none() -> None:
+    assert resources_text({"service-fee/1": 1000, "compute/n1-standard/1": 1000}) == (
+        '{"compute/n1-standard/1":1000,"service-fee/1":1000}')
+    assert resources_text({}) is None
+    assert resources_of_text(None) == {}
+    for bad in ('["a"]', '{"a":1.5}', '{"a":"1"}', "{"):
+        with pytest.raises(ValueError):
+            resources_of_text(bad)
 
 
 def test_machine_of_pools_and_job_private_machines() -> None:

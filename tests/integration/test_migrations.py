@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from core.billing import resources_of_text, resources_text
 from services.common.settings import DatabaseSettings
 from sql.migrate import (
     MIGRATIONS_DIR,
@@ -30,7 +31,6 @@ KEY_TABLES = {
     "users", "auth_tokens", "billing_projects", "billing_project_users", "resources",
     "batches", "batch_attributes", "batch_updates", "job_groups", "job_group_self_and_ancestors",
     "job_group_attributes", "jobs", "job_parents", "job_attributes", "attempts",
-    "attempt_resources",
     "job_group_job_counts", "batches_cancelled", "job_groups_cancelled",
     "user_inst_coll_resources", "job_group_inst_coll_cancellable_resources",
     "aggregated_job_resources", "aggregated_job_group_resources", "aggregated_batch_resources",
@@ -179,6 +179,40 @@ def test_job_names_move_to_the_jobs_row(empty_db: DatabaseSettings, tmp_path: Pa
             attrs = conn.execute(sa.text(
                 "SELECT job_id, attr_key, attr_value FROM job_attributes ORDER BY job_id"))
             assert [tuple(r) for r in attrs] == [(1, "team", "gen"), (2, "team", "other")]
+    finally:
+        engine.dispose()
+
+
+def test_attempt_resources_move_to_the_attempts_row(empty_db: DatabaseSettings,
+                                                   tmp_path: Path) -> None:
+    """014 moves attempt_resources rows to attempts.resources, as the projector writes it."""
+    before = tmp_path / "before"
+    before.mkdir()
+    for m in discover():
+        if m.version < 14:
+            shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
+    apply_migrations(empty_db, before)
+    engine = sa.create_engine(empty_db.url())
+    got = {"compute/n1-standard/1": 1000, "memory/n1-standard/1": 3840, "service-fee/1": 1000,
+           "ip-fee/1024/1": 64}
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO attempts (batch_id, job_id, attempt_id) VALUES (1, :j, :a)"),
+                [{"j": 1, "a": "x"}, {"j": 1, "a": "y"}, {"j": 2, "a": "x"}])
+            conn.execute(sa.text(
+                "INSERT INTO attempt_resources (batch_id, job_id, attempt_id, resource, "
+                "quantity) VALUES (1, :j, :a, :r, :q)"),
+                [{"j": 1, "a": "x", "r": r, "q": q} for r, q in got.items()]
+                + [{"j": 2, "a": "x", "r": "service-fee/1", "q": 250}])
+        assert apply_migrations(empty_db) == [v for v in ALL_VERSIONS if v >= 14]
+        assert "attempt_resources" not in _tables(empty_db)
+        with engine.connect() as conn:
+            rows = [tuple(r) for r in conn.execute(sa.text(
+                "SELECT job_id, attempt_id, resources FROM attempts ORDER BY job_id, attempt_id"))]
+        assert rows == [(1, "x", resources_text(got)), (1, "y", None),
+                        (2, "x", resources_text({"service-fee/1": 250}))]
+        assert resources_of_text(rows[0][2]) == got
     finally:
         engine.dispose()
 

@@ -56,23 +56,27 @@ ops = st.one_of(
         "batch_id": B, "attempt_id": a}, "job_id", ids), attempts,
         st.lists(jobs, min_size=17, max_size=20), st.sampled_from(["x", "z"])),
     st.builds(lambda j: Delete("attempts", {"batch_id": B, "job_id": j}), jobs),
-    st.builds(lambda j, a, q: InsertIgnore("attempt_resources", [{
-        "batch_id": B, "job_id": j, "attempt_id": a, "resource": "r/1", "quantity": q}]),
+    st.builds(lambda j, a, r: Update("attempts", {"resources": r}, {
+        "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts,
+        st.sampled_from([None, '{"r/1":3}', '{"r/1":3,"s/1":4}'])),
+    # a table whose updates are not deferred, beside the attempts
+    st.builds(lambda j, a, q: InsertIgnore("aggregated_job_resources", [{
+        "batch_id": B, "job_id": j, "resource": a, "resource_usage": q}]),
         jobs, attempts, st.integers(1, 9)),
-    st.builds(lambda j, a, q: Upsert("attempt_resources", [{
-        "batch_id": B, "job_id": j, "attempt_id": a, "resource": "r/1", "quantity": q}],
-        ("quantity",)), jobs, attempts, st.integers(1, 9)),
-    st.builds(lambda j: Delete("attempt_resources", {"batch_id": B, "job_id": j}), jobs),
+    st.builds(lambda j, a, q: Upsert("aggregated_job_resources", [{
+        "batch_id": B, "job_id": j, "resource": a, "resource_usage": q}],
+        ("resource_usage",)), jobs, attempts, st.integers(1, 9)),
+    st.builds(lambda j: Delete("aggregated_job_resources", {"batch_id": B, "job_id": j}), jobs),
 )
 
 
 def _rows(conn: sa.Connection) -> list[tuple[object, ...]]:
     return [tuple(r) for r in conn.execute(sa.text(
         "SELECT job_id, attempt_id, instance_name, start_time_ms, end_time_ms, rollup_time_ms, "
-        "reason FROM attempts WHERE batch_id = :b ORDER BY job_id, attempt_id"), {"b": B})] + [
-        tuple(r) for r in conn.execute(sa.text(
-            "SELECT job_id, attempt_id, resource, quantity FROM attempt_resources "
-            "WHERE batch_id = :b ORDER BY job_id, attempt_id"), {"b": B})]
+        "reason, resources FROM attempts WHERE batch_id = :b ORDER BY job_id, attempt_id"),
+        {"b": B})] + [tuple(r) for r in conn.execute(sa.text(
+            "SELECT job_id, resource, resource_usage FROM aggregated_job_resources "
+            "WHERE batch_id = :b ORDER BY job_id, resource"), {"b": B})]
 
 
 def _apply(engine: sa.Engine, sequence: list[Op], *, flush_each: bool,
