@@ -200,6 +200,38 @@ def resources_of_text(text: str | None) -> dict[str, int]:
     return msgspec.json.decode(text, type=_RESOURCES_TYPE)
 
 
+_USAGE_JSON: Final = msgspec.json.Encoder()
+_USAGE_TYPE: Final = list[tuple[str, int]]
+
+
+def usage_text(usage_by_resource: Mapping[str, int]) -> str | None:
+    """A job's usage (resource -> quantity times ms) as its ``jobs.resource_usage``.
+
+    A JSON array of ``[resource, usage]`` pairs sorted by resource, without zero usages: the
+    same usage is the same text however it accrued (a rebuild diffs it against the live row),
+    and SQL reads it with ``JSON_TABLE(..., '$[*]' ...)`` (an object's keys cannot be
+    iterated there). None for no usage.
+    """
+    pairs = sorted((r, u) for r, u in usage_by_resource.items() if u)
+    return _USAGE_JSON.encode(pairs).decode() if pairs else None
+
+
+def usage_of_text(text: str | None) -> dict[str, int]:
+    """The inverse of :func:`usage_text`: an empty dict for NULL.
+
+    Raises ValueError (a ``msgspec.DecodeError``) for text that is not such an array.
+    """
+    if text is None:
+        return {}
+    return dict(msgspec.json.decode(text, type=_USAGE_TYPE))
+
+
+def add_usage(into: dict[str, int], quantities: Mapping[str, int], ms: int) -> None:
+    """Add ``quantities`` (resource -> quantity per ms) used for ``ms`` to ``into``."""
+    for resource, quantity in quantities.items():
+        into[resource] = into.get(resource, 0) + quantity * ms
+
+
 def billable(start_ms: int | None, rollup_ms: int | None, end_ms: int | None,
              to_ms: int) -> tuple[int, int] | None:
     """The interval to bill when an attempt reports ``to_ms`` (a heartbeat or its end).

@@ -1,9 +1,10 @@
 """Billing rollups: one billed interval of an attempt as counter increments.
 
 Usage lands in every rollup at once, so each total is exactly the sum of its parts: per job
-(``aggregated_job_resources``, one writer per batch, no token), per job group and each of its
-ancestors up to the batch (group 0), per batch, per billing project, per billing project, user
-and UTC day, and per user (tokenized: the projector partition's token).
+group and each of its ancestors up to the batch (group 0), per batch, per billing project, per
+billing project, user and UTC day, and per user (tokenized: the projector partition's token).
+A job's own usage is not a rollup row: it is a column of its ``jobs`` row
+(``core.billing.usage_text``), which its batch's one writer keeps.
 
 Pure: no I/O.
 """
@@ -17,13 +18,12 @@ from core.billing import DAY_MS, by_day, day_name, usage
 from core.projection.ops import Increment, Increments
 from schemas.base import AttemptResource
 
-JOB: str = "aggregated_job_resources"
 JOB_GROUP: str = "aggregated_job_group_resources"
 BATCH: str = "aggregated_batch_resources"
 BILLING_PROJECT: str = "aggregated_billing_project_resources"
 BILLING_PROJECT_USER_DATE: str = "aggregated_billing_project_user_resources_by_date"
 USER: str = "aggregated_user_resources"
-TABLES: tuple[str, ...] = (JOB, JOB_GROUP, BATCH, BILLING_PROJECT, BILLING_PROJECT_USER_DATE,
+TABLES: tuple[str, ...] = (JOB_GROUP, BATCH, BILLING_PROJECT, BILLING_PROJECT_USER_DATE,
                            USER)
 
 
@@ -50,8 +50,6 @@ def accrue(who: Billed, resources: Iterable[AttemptResource], from_ms: int, to_m
     b = who.batch_id
     for resource, amount in sorted(total.items()):
         delta = {"resource_usage": amount}
-        ops.append(Increment(JOB, {"batch_id": b, "job_id": who.job_id, "resource": resource},
-                             delta))
         ops += [Increment(JOB_GROUP, {"batch_id": b, "job_group_id": g, "resource": resource,
                                       "token": token}, delta) for g in who.groups]
         ops.append(Increment(BATCH, {"batch_id": b, "resource": resource, "token": token},
@@ -74,19 +72,18 @@ def accrue_into(acc: Increments, who: Billed, quantities: Mapping[str, int], fro
     """Add to ``acc`` what :func:`accrue` returns, without an :class:`Increment` per row.
 
     ``quantities`` are an attempt's resources (resource -> quantity). The projector bills
-    every attempt that ends into some thirty rollup rows (six resources, six rollups); built as
+    every attempt that ends into some thirty rollup rows (six resources, five rollups); built as
     ops that was a seventh of its time in a no-op run. Drained, ``acc`` holds exactly
     ``merge_increments`` of the ops :func:`accrue` returns.
     """
     ms = to_ms - from_ms
     if ms <= 0 or not quantities:
         return
-    b, job, project, user = who.batch_id, who.job_id, who.billing_project, who.user
+    b, project, user = who.batch_id, who.billing_project, who.user
     bump = acc.bump
     usage_key = "resource_usage"
     for resource, quantity in quantities.items():
         amount = quantity * ms
-        bump(JOB, (("batch_id", b), ("job_id", job), ("resource", resource)), usage_key, amount)
         for g in who.groups:
             bump(JOB_GROUP, (("batch_id", b), ("job_group_id", g), ("resource", resource),
                              ("token", token)), usage_key, amount)

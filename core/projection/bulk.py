@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.billing import DAY_MS, billable, by_day, day_name, resources_text, usage
+from core.billing import DAY_MS, billable, by_day, day_name, resources_text, usage, usage_text
 from core.completions import completion_ops
 from core.projection import billing
 from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
@@ -60,7 +60,7 @@ _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _JOB_DEFAULTS: dict[str, Any] = {
     "cancelled": False, "cancel_reason": None, "exit_code": None, "attempt_id": None,
     "instance_name": None, "start_time_ms": None, "end_time_ms": None, "status": None,
-    "n_attempts": 0}
+    "n_attempts": 0, "resource_usage": None}
 """Columns of ``jobs`` that execution sets, at their table defaults (every row gets all)."""
 
 _OWNED: dict[str, tuple[str, ...]] = {
@@ -118,7 +118,7 @@ class _Fold:
         self.attempts: dict[tuple[int, str], _Attempt] = {}
         # (job group, pool, cores, always_run, cancelled, old, new) -> how many jobs moved so.
         self.moves: dict[tuple[int, str, int, bool, bool, JobState, JobState], int] = {}
-        self.job_usage: dict[tuple[int, str], int] = {}
+        self.job_usage: dict[int, dict[str, int]] = {}
         self.usage: dict[str, int] = {}
         self.usage_by_day: dict[tuple[str, str], int] = {}
         self.rates: dict[tuple[int, str], int] = {}
@@ -312,8 +312,9 @@ class _Fold:
         resources = att.billed
         j = job.row["job_id"]
         total = usage(resources, *interval)
+        job_usage = self.job_usage.setdefault(j, {})
         for resource, amount in total.items():
-            self.job_usage[(j, resource)] = self.job_usage.get((j, resource), 0) + amount
+            job_usage[resource] = job_usage.get(resource, 0) + amount
             self.usage[resource] = self.usage.get(resource, 0) + amount
         by_date = self.usage_by_day
         lo, hi = interval
@@ -364,11 +365,8 @@ class _Fold:
                                   {c: d * times for c, d in inc.deltas.items()}))
         if self.attempts:
             ops.append(InsertIgnore("attempts", self._attempt_rows()))
-        job_usage: list[Row] = [{"batch_id": self.b, "job_id": j, "resource": resource,
-                      "resource_usage": amount}
-                     for (j, resource), amount in self.job_usage.items() if amount]
-        if job_usage:
-            ops.append(InsertIgnore(billing.JOB, job_usage))
+        for j, job_usage in self.job_usage.items():
+            self.jobs[j].row["resource_usage"] = usage_text(job_usage)
         bp, t = self.created.billing_project, self.token
         for resource, amount in self.usage.items():
             delta = {"resource_usage": amount}

@@ -69,11 +69,14 @@ _BATCH_STATE_SQL: Final[dict[BatchStateWord, str]] = {
     "success": "(batches.state = 'complete' AND COALESCE(counts.n_succeeded, 0) = batches.n_jobs)",
 }
 
-_JOB_COST: Final = (
-    "(SELECT COALESCE(SUM(ajr.resource_usage * r.rate), 0) FROM aggregated_job_resources ajr "
-    "JOIN resources r ON r.resource = ajr.resource "
-    "WHERE ajr.batch_id = jobs.batch_id AND ajr.job_id = jobs.job_id)"
+# A job's usage is a column of its row (sql/015): an array of [resource, usage] pairs. Its
+# resource names compare as bytes: JSON_TABLE's text has its own collation, not the table's.
+_JOB_USAGE: Final = (
+    "JSON_TABLE(jobs.resource_usage, '$[*]' COLUMNS (resource VARCHAR(100) PATH '$[0]', "
+    "resource_usage BIGINT PATH '$[1]')) u JOIN resources r "
+    "ON r.resource = CAST(u.resource AS BINARY)"
 )
+_JOB_COST: Final = f"(SELECT COALESCE(SUM(u.resource_usage * r.rate), 0) FROM {_JOB_USAGE})"
 _BATCH_COST: Final = (
     "(SELECT COALESCE(SUM(abr.resource_usage * r.rate), 0) FROM aggregated_batch_resources abr "
     "JOIN resources r ON r.resource = abr.resource WHERE abr.batch_id = batches.id)"
@@ -344,10 +347,10 @@ def cost_breakdown_query(batch_id: int, job_ids: Sequence[int] | None = None,
         )
         return sa.text(sql), {"batch_id": batch_id}
     sql = (
-        "SELECT ajr.job_id, ajr.resource, ajr.resource_usage, ajr.resource_usage * r.rate AS cost "
-        "FROM aggregated_job_resources ajr JOIN resources r ON r.resource = ajr.resource "
-        "WHERE ajr.batch_id = :batch_id AND ajr.job_id IN :job_ids "
-        "ORDER BY ajr.job_id, ajr.resource"
+        "SELECT jobs.job_id, r.resource, u.resource_usage, u.resource_usage * r.rate AS cost "
+        f"FROM jobs JOIN {_JOB_USAGE} "
+        "WHERE jobs.batch_id = :batch_id AND jobs.job_id IN :job_ids "
+        "ORDER BY jobs.job_id, r.resource"
     )
     statement = sa.text(sql).bindparams(sa.bindparam("job_ids", expanding=True))
     return statement, {"batch_id": batch_id, "job_ids": list(job_ids) or [-1]}

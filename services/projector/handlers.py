@@ -26,7 +26,14 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from core.billing import billable, resources_of_text, resources_text
+from core.billing import (
+    add_usage,
+    billable,
+    resources_of_text,
+    resources_text,
+    usage_of_text,
+    usage_text,
+)
 from core.completions import completion_ops
 from core.id_tally import IdTally
 from core.projection.billing import Billed
@@ -124,7 +131,7 @@ _OWNER = sa.text("SELECT user FROM batches WHERE id = :b")
 _JOB_ROWS = _t(
     "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
     "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.n_pending_parents, b.user, "
-    "b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "b.billing_project, j.resource_usage FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
     "WHERE j.batch_id = :b AND u.committed AND j.job_id IN :ids", "ids")
 # Windows of ids are loaded by key range, not by IN lists: rendering and parsing 512 ids per
@@ -133,7 +140,7 @@ _JOB_ROWS = _t(
 _JOB_RANGE = sa.text(
     "SELECT j.job_id, j.job_group_id, j.state, j.cancelled, j.always_run, j.cores_mcpu, "
     "j.inst_coll, j.n_attempts, j.n_max_attempts, j.attempt_id, j.n_pending_parents, b.user, "
-    "b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "b.billing_project, j.resource_usage FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
     "WHERE j.batch_id = :b AND u.committed AND j.job_id BETWEEN :lo AND :hi")
 _ATTEMPT_RANGE = sa.text(
@@ -584,6 +591,11 @@ class Handler:
         who = Billed(b, j, self._ancestors(b, row.job_group_id), row.billing_project, row.user)
         self._w.accrue(who, att.resources, *interval, self._token)
         self._update_attempt(b, j, attempt_id, {"rollup_time_ms": interval[1]})
+        job_usage = usage_of_text(row.resource_usage)
+        add_usage(job_usage, att.resources, interval[1] - interval[0])
+        row.resource_usage = usage_text(job_usage)
+        self._w.emit([Update("jobs", {"resource_usage": row.resource_usage},
+                             {"batch_id": b, "job_id": j})])
 
     def _start(self, event: JobScheduled | JobStarted, now: int) -> None:
         """SJ or MJS: the attempt exists; a Ready (or Creating) job becomes Running.
@@ -729,7 +741,7 @@ def _job_row(r: Any) -> JobRow:
     return JobRow(int(r.job_id), int(r.job_group_id), r.state, bool(r.cancelled),
                   bool(r.always_run), int(r.cores_mcpu), str(r.inst_coll), int(r.n_attempts),
                   int(r.n_max_attempts), r.attempt_id, int(r.n_pending_parents), str(r.user),
-                  str(r.billing_project))
+                  str(r.billing_project), r.resource_usage)
 
 
 def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:

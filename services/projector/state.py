@@ -43,6 +43,8 @@ class JobRow:
     n_pending_parents: int
     user: str
     billing_project: str
+    resource_usage: str | None = None
+    """Its usage so far as ``jobs.resource_usage`` holds it (``core.billing.usage_text``)."""
 
 
 @dataclass(slots=True)

@@ -169,8 +169,8 @@ def test_rows_that_cannot_be_loaded_are_inserted(engine: sa.Engine) -> None:
     stats = ReplayStats()
     ops: list[Op] = [InsertIgnore("attempts", [{"batch_id": 990_002, "job_id": 1,
                                                 "attempt_id": "a", "start_time_ms": 5}]),
-                     InsertIgnore("aggregated_job_resources", [{
-                         "batch_id": 990_002, "job_id": 1, "resource": "r",
+                     InsertIgnore("aggregated_batch_resources", [{
+                         "batch_id": 990_002, "resource": "r", "token": 1,
                          "resource_usage": Decimal(3)}])]
     try:
         _write(engine, ops, stats)
@@ -178,11 +178,11 @@ def test_rows_that_cannot_be_loaded_are_inserted(engine: sa.Engine) -> None:
         with engine.connect() as conn:
             assert conn.exec_driver_sql(
                 "SELECT a.start_time_ms, r.resource_usage FROM attempts a "
-                "JOIN aggregated_job_resources r USING (batch_id, job_id) "
+                "JOIN aggregated_batch_resources r USING (batch_id) "
                 "WHERE batch_id = 990002").all() == [(5, 3)]
     finally:
         with engine.begin() as conn:
-            for table in ("attempts", "aggregated_job_resources"):
+            for table in ("attempts", "aggregated_batch_resources"):
                 conn.exec_driver_sql(f"DELETE FROM {table} WHERE batch_id = 990002")
 
 

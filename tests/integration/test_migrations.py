@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from core.billing import resources_of_text, resources_text
+from core.billing import resources_of_text, resources_text, usage_of_text, usage_text
 from services.common.settings import DatabaseSettings
 from sql.migrate import (
     MIGRATIONS_DIR,
@@ -33,7 +33,7 @@ KEY_TABLES = {
     "job_group_attributes", "jobs", "job_parents", "job_attributes", "attempts",
     "job_group_job_counts", "batches_cancelled", "job_groups_cancelled",
     "user_inst_coll_resources", "job_group_inst_coll_cancellable_resources",
-    "aggregated_job_resources", "aggregated_job_group_resources", "aggregated_batch_resources",
+    "aggregated_job_group_resources", "aggregated_batch_resources",
     "aggregated_billing_project_resources", "aggregated_billing_project_user_resources_by_date",
     "aggregated_user_resources",
     "instances", "inst_colls", "callback_deliveries", "scheduler_epochs",
@@ -213,6 +213,39 @@ def test_attempt_resources_move_to_the_attempts_row(empty_db: DatabaseSettings,
         assert rows == [(1, "x", resources_text(got)), (1, "y", None),
                         (2, "x", resources_text({"service-fee/1": 250}))]
         assert resources_of_text(rows[0][2]) == got
+    finally:
+        engine.dispose()
+
+
+def test_job_usage_moves_to_the_jobs_row(empty_db: DatabaseSettings, tmp_path: Path) -> None:
+    """015 moves aggregated_job_resources rows to jobs.resource_usage, as the projector
+    writes it (pairs sorted by resource as bytes, no zero usage)."""
+    before = tmp_path / "before"
+    before.mkdir()
+    for m in discover():
+        if m.version < 15:
+            shutil.copy(MIGRATIONS_DIR / m.name, before / m.name)
+    apply_migrations(empty_db, before)
+    engine = sa.create_engine(empty_db.url())
+    got = {"service-fee/1": 9_000, "compute/n1-standard/1": 1_000_000_000_000,
+           "memory/n1-standard/1": 3_840, "ip-fee/1024/1": 64, "disk/pd-ssd/1": 0}
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(
+                "INSERT INTO jobs (batch_id, job_id, update_id, job_group_id, cores_mcpu, "
+                "inst_coll) VALUES (1, :j, 1, 0, 1000, 'standard')"), [{"j": j} for j in (1, 2, 3)])
+            conn.execute(sa.text(
+                "INSERT INTO aggregated_job_resources (batch_id, job_id, resource, "
+                "resource_usage) VALUES (1, :j, :r, :u)"),
+                [{"j": 1, "r": r, "u": u} for r, u in got.items()]
+                + [{"j": 3, "r": "compute/n1-standard/1", "u": 0}])
+        assert apply_migrations(empty_db) == [v for v in ALL_VERSIONS if v >= 15]
+        assert "aggregated_job_resources" not in _tables(empty_db)
+        with engine.connect() as conn:
+            rows = [tuple(r) for r in conn.execute(sa.text(
+                "SELECT job_id, resource_usage FROM jobs ORDER BY job_id"))]
+        assert rows == [(1, usage_text(got)), (2, None), (3, None)]
+        assert usage_of_text(rows[0][1]) == {r: u for r, u in got.items() if u}
     finally:
         engine.dispose()
 

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 import sqlalchemy as sa
 
-from core.billing import Machine, attempt_resources, default_rates
+from core.billing import Machine, attempt_resources, default_rates, usage_of_text
 from schemas.base import AttemptResource
 from schemas.batch import JobGroupRecord
 from schemas.control import ResourceRateSet
@@ -30,8 +30,8 @@ pytestmark = pytest.mark.integration
 
 MACHINE = Machine("standard", True, 16_000)
 RES = attempt_resources(1000, MACHINE)
-TABLES = ("aggregated_job_resources", "aggregated_job_group_resources",
-          "aggregated_batch_resources", "aggregated_billing_project_resources",
+TABLES = ("aggregated_job_group_resources", "aggregated_batch_resources",
+          "aggregated_billing_project_resources",
           "aggregated_billing_project_user_resources_by_date", "aggregated_user_resources")
 
 
@@ -78,6 +78,16 @@ def usage_of(engine: sa.Engine, table: str, where: str = "", **params: object) -
     return {str(r): int(u) for r, u in rows}
 
 
+def job_usage(engine: sa.Engine, batch_id: int, job_id: int | None = None) -> dict[str, int]:
+    """The usage of a job (or every job of the batch), from ``jobs.resource_usage``."""
+    out: dict[str, int] = {}
+    for (text,) in query(engine, "SELECT resource_usage FROM jobs WHERE batch_id = :b AND "
+                         "(:j IS NULL OR job_id = :j)", b=batch_id, j=job_id):
+        for resource, amount in usage_of_text(text).items():
+            out[resource] = out.get(resource, 0) + amount
+    return out
+
+
 def expected(ms: int) -> dict[str, int]:
     return {r.resource: r.quantity * ms for r in RES}
 
@@ -99,8 +109,7 @@ def test_heartbeats_and_completion_bill_start_to_end_once_into_every_rollup(
     sink.apply(s.records([mjc(1, 1, "a1", start, start + 90_000),     # duplicate MJC
                           beat(1, 1, "a1", start + 120_000)]))        # heartbeat after the end
     want = expected(90_000)
-    where = {"aggregated_job_resources": "batch_id = 1",
-             "aggregated_job_group_resources": "batch_id = 1 AND job_group_id = 1",
+    where = {"aggregated_job_group_resources": "batch_id = 1 AND job_group_id = 1",
              "aggregated_batch_resources": "batch_id = 1",
              "aggregated_billing_project_resources": "billing_project = 'proj'",
              "aggregated_billing_project_user_resources_by_date":
@@ -110,7 +119,8 @@ def test_heartbeats_and_completion_bill_start_to_end_once_into_every_rollup(
         assert usage_of(engine, table, where[table]) == want, table
     assert usage_of(engine, "aggregated_job_group_resources",
                     "batch_id = 1 AND job_group_id = 0") == want
-    assert usage_of(engine, "aggregated_job_resources", "batch_id = 1 AND job_id = 2") == {}
+    assert job_usage(engine, 1, 1) == want
+    assert job_usage(engine, 1, 2) == {}
     # cost is usage times the rates, per resource and in total
     stmt, params = cost_breakdown_query(1)
     with engine.connect() as conn:
@@ -136,7 +146,7 @@ def test_lost_attempts_bill_up_to_their_end_and_unstarted_ones_nothing(
                                       reason="delivery_failed", end_time_ms=start + 26_000)]))
     sink.apply(s.records([sj(2, 1, "a3"), mjs(2, 1, "a3", start + 30_000),
                           mjc(2, 1, "a3", start + 30_000, start + 40_000)]))
-    assert usage_of(engine, "aggregated_job_resources", "batch_id = 2") == expected(35_000)
+    assert job_usage(engine, 2) == expected(35_000)
     assert usage_of(engine, "aggregated_user_resources", "user = 'bob'") == expected(35_000)
 
 
@@ -169,7 +179,8 @@ def test_a_completion_without_its_start_projects_as_start_then_completion(
                            "n_attempts FROM jobs WHERE batch_id = :b", b=batch_id)
         attempts = query(engine, "SELECT attempt_id, instance_name, start_time_ms, end_time_ms "
                          "FROM attempts WHERE batch_id = :b", b=batch_id)
-        usage = {t: usage_of(engine, t, "batch_id = :b", b=batch_id) for t in TABLES[:3]}
+        usage = {t: usage_of(engine, t, "batch_id = :b", b=batch_id) for t in TABLES[:2]}
+        usage["jobs"] = job_usage(engine, batch_id)
         return job_row, attempts, usage
 
     with_start, without = projected(4), projected(5)

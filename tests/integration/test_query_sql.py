@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from core.billing import usage_text
 from core.query import parse_batch_query, parse_job_query
 from core.query_ast import KeywordMatch, UserIs
 from services.common.settings import DatabaseSettings
@@ -149,8 +150,13 @@ def engine(migrated_db: DatabaseSettings) -> Iterator[sa.Engine]:
             "batch_id job_id attempt_id instance_name start_time_ms end_time_ms", ATTEMPTS))
         _insert(conn, "resources",
                 _rows("resource product version rate", RESOURCES, time_created_ms=T0))
-        _insert(conn, "aggregated_job_resources",
-                _rows("batch_id job_id resource resource_usage", JOB_USAGE))
+        # A job's usage is a column of its row (sql/015).
+        usage: dict[tuple[int, int], dict[str, int]] = {}
+        for b, j, resource, amount in JOB_USAGE:
+            usage.setdefault((b, j), {})[resource] = amount
+        conn.execute(sa.text("UPDATE jobs SET resource_usage = :u WHERE batch_id = :b "
+                             "AND job_id = :j"), [{"b": b, "j": j, "u": usage_text(u)}
+                                                  for (b, j), u in usage.items()])
         _insert(conn, "aggregated_batch_resources",
                 _rows("batch_id resource token resource_usage", BATCH_USAGE))
     yield engine

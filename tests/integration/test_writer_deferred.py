@@ -60,13 +60,13 @@ ops = st.one_of(
         "batch_id": B, "job_id": j, "attempt_id": a}), jobs, attempts,
         st.sampled_from([None, '{"r/1":3}', '{"r/1":3,"s/1":4}'])),
     # a table whose updates are not deferred, beside the attempts
-    st.builds(lambda j, a, q: InsertIgnore("aggregated_job_resources", [{
-        "batch_id": B, "job_id": j, "resource": a, "resource_usage": q}]),
+    st.builds(lambda j, a, q: InsertIgnore("job_attributes", [{
+        "batch_id": B, "job_id": j, "attr_key": a, "attr_value": str(q)}]),
         jobs, attempts, st.integers(1, 9)),
-    st.builds(lambda j, a, q: Upsert("aggregated_job_resources", [{
-        "batch_id": B, "job_id": j, "resource": a, "resource_usage": q}],
-        ("resource_usage",)), jobs, attempts, st.integers(1, 9)),
-    st.builds(lambda j: Delete("aggregated_job_resources", {"batch_id": B, "job_id": j}), jobs),
+    st.builds(lambda j, a, q: Upsert("job_attributes", [{
+        "batch_id": B, "job_id": j, "attr_key": a, "attr_value": str(q)}],
+        ("attr_value",)), jobs, attempts, st.integers(1, 9)),
+    st.builds(lambda j: Delete("job_attributes", {"batch_id": B, "job_id": j}), jobs),
 )
 
 
@@ -75,8 +75,8 @@ def _rows(conn: sa.Connection) -> list[tuple[object, ...]]:
         "SELECT job_id, attempt_id, instance_name, start_time_ms, end_time_ms, rollup_time_ms, "
         "reason, resources FROM attempts WHERE batch_id = :b ORDER BY job_id, attempt_id"),
         {"b": B})] + [tuple(r) for r in conn.execute(sa.text(
-            "SELECT job_id, resource, resource_usage FROM aggregated_job_resources "
-            "WHERE batch_id = :b ORDER BY job_id, resource"), {"b": B})]
+            "SELECT job_id, attr_key, attr_value FROM job_attributes "
+            "WHERE batch_id = :b ORDER BY job_id, attr_key"), {"b": B})]
 
 
 def _apply(engine: sa.Engine, sequence: list[Op], *, flush_each: bool,
