@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.billing import DAY_MS, billable, by_day, day_name, resources_text, usage, usage_text
+from core.billing import DAY_MS, billable, by_day, day_name, resources_text, usage_text
 from core.completions import completion_ops
 from core.projection import billing
 from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
@@ -86,8 +86,7 @@ Timed = tuple[BatchEvent, int]
 class _Attempt:
     row: dict[str, Any]
     resources: dict[str, int] = field(default_factory=dict)
-    billed: list[AttemptResource] = field(default_factory=list)
-    """``resources`` as the billing functions take them (first quantity of each resource)."""
+    """What it is billed for: resource -> quantity per ms (the first quantity of each)."""
     seen: Sequence[AttemptResource] = ()
     """The last resource list merged in: SJ, MJS and MJC of an attempt carry the same one."""
 
@@ -242,7 +241,6 @@ class _Fold:
             for r in resources:
                 if r.resource not in att.resources:
                     att.resources[r.resource] = r.quantity
-                    att.billed.append(r)
             att.seen = resources
         return att
 
@@ -309,25 +307,34 @@ class _Fold:
         interval = billable(start, a["rollup_time_ms"], end, to_ms)
         if interval is None:
             return
-        resources = att.billed
-        j = job.row["job_id"]
-        total = usage(resources, *interval)
-        job_usage = self.job_usage.setdefault(j, {})
-        for resource, amount in total.items():
-            job_usage[resource] = job_usage.get(resource, 0) + amount
-            self.usage[resource] = self.usage.get(resource, 0) + amount
-        by_date = self.usage_by_day
         lo, hi = interval
+        a["rollup_time_ms"] = hi
+        ms = hi - lo
+        if ms <= 0:
+            return
+        # One pass over the attempt's quantities (resource -> quantity per ms) for the job, the
+        # batch and, within one UTC day (most intervals), the day: a fifth of the fold's time
+        # went to building each interval's usage as a dict first (profiled).
+        job_usage = self.job_usage.get(job.row["job_id"])
+        if job_usage is None:
+            job_usage = self.job_usage[job.row["job_id"]] = {}
+        batch_usage = self.usage
+        by_date = self.usage_by_day
         first_day = lo // DAY_MS
-        if (hi - 1) // DAY_MS == first_day:  # within one UTC day (most): the day's is the total
-            days: list[tuple[str, dict[str, int]]] = [(day_name(first_day), total)]
-        else:
-            days = [(day.isoformat(), usage(resources, start, end))
-                    for day, start, end in by_day(lo, hi)]
-        for date, amounts in days:
-            for resource, amount in amounts.items():
-                by_date[(date, resource)] = by_date.get((date, resource), 0) + amount
-        a["rollup_time_ms"] = interval[1]
+        one_day = (hi - 1) // DAY_MS == first_day
+        date = day_name(first_day)
+        for resource, quantity in att.resources.items():
+            amount = quantity * ms
+            job_usage[resource] = job_usage.get(resource, 0) + amount
+            batch_usage[resource] = batch_usage.get(resource, 0) + amount
+            if one_day:
+                key = (date, resource)
+                by_date[key] = by_date.get(key, 0) + amount
+        if not one_day:
+            for day, day_lo, day_hi in by_day(lo, hi):
+                for resource, quantity in att.resources.items():
+                    key = (day.isoformat(), resource)
+                    by_date[key] = by_date.get(key, 0) + quantity * (day_hi - day_lo)
 
     def _end(self, job: _Job, state: JobState, time_ms: int) -> None:
         row = job.row
