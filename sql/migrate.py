@@ -162,6 +162,34 @@ def _quote(name: str) -> str:
     return f"`{name}`"
 
 
+# Where a MariaDB series got the fix of MDEV-30623 (a JSON_TABLE in a scalar subquery taken as
+# uncorrelated: one row's result reused for every row), which the per-job cost reads rely on.
+_MARIADB_JSON_TABLE_FIXED: dict[tuple[int, int], int] = {
+    (10, 6): 13, (10, 7): 999, (10, 8): 8, (10, 9): 6, (10, 10): 4, (10, 11): 3, (11, 0): 2}
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+
+
+def unsupported_server(version: str) -> str | None:
+    """Why a server reporting ``version`` (``SELECT VERSION()``) cannot hold this schema, or
+    None. The reads need ``JSON_TABLE`` with outer references: MySQL 8.0.14 and later,
+    MariaDB 10.6.13, 10.11.3, 11.0.2 and later in their series (MDEV-30623)."""
+    match = _VERSION.match(version)
+    if match is None:
+        return f"cannot tell the server's version from {version!r}"
+    major, minor, patch = map(int, match.groups())
+    if "mariadb" in version.lower():
+        fixed = _MARIADB_JSON_TABLE_FIXED.get((major, minor), 0)
+        if (major, minor) < (10, 6) or patch < fixed:
+            return (f"MariaDB {major}.{minor}.{patch} is too old: this schema's reads need "
+                    "JSON_TABLE in correlated subqueries (MariaDB 10.6.13, 10.11.3, 11.0.2 or "
+                    "later in their series; MDEV-30623)")
+        return None
+    if (major, minor, patch) < (8, 0, 14):
+        return (f"MySQL {major}.{minor}.{patch} is too old: this schema's reads need "
+                "JSON_TABLE with outer references (MySQL 8.0.14 or later)")
+    return None
+
+
 @contextlib.contextmanager
 def _server(db: DatabaseSettings) -> Iterator[sa.Connection]:
     """One autocommit connection to the server (no database selected); disposed afterwards."""
@@ -244,11 +272,15 @@ def apply_migrations(db: DatabaseSettings, directory: Path | None = None) -> lis
         The versions applied by this call; empty when the database was up to date.
 
     Raises:
-        MigrationError: a file is misnamed or duplicated, an applied file changed or vanished, a
-            statement failed, or the lock could not be taken in time.
+        MigrationError: the server is too old (:func:`unsupported_server`), a file is misnamed
+            or duplicated, an applied file changed or vanished, a statement failed, or the
+            lock could not be taken in time.
     """
     migrations = discover(directory or MIGRATIONS_DIR)
     with _server(db) as conn, _migration_lock(conn, db.name):
+        refused = unsupported_server(str(conn.exec_driver_sql("SELECT VERSION()").scalar()))
+        if refused is not None:
+            raise MigrationError(refused)
         _ensure_database(conn, db.name)
         pending = _pending(migrations, _read_applied(conn))
         for migration in pending:

@@ -20,6 +20,7 @@ from sql.migrate import (
     discover,
     migration_status,
     split_statements,
+    unsupported_server,
 )
 
 pytestmark = pytest.mark.integration
@@ -390,3 +391,34 @@ def test_failing_migration_records_nothing_for_it(
 )
 def test_split_statements(text: str, expected: Sequence[str]) -> None:
     assert split_statements(text) == expected
+
+
+@pytest.mark.parametrize("version", [
+    "10.11.19-MariaDB-0+deb12u1", "10.11.3-MariaDB", "10.6.13-MariaDB-log", "11.0.2-MariaDB",
+    "11.4.5-MariaDB-ubu2404", "8.4.3", "8.0.14", "9.1.0-commercial"])
+def test_servers_that_hold_the_schema(version: str) -> None:
+    assert unsupported_server(version) is None
+
+
+@pytest.mark.parametrize(("version", "why"), [
+    ("10.11.2-MariaDB", "MariaDB 10.11.2 is too old"),
+    ("10.6.12-MariaDB-1:10.6.12+maria~ubu2004", "MDEV-30623"),
+    ("10.5.23-MariaDB", "MariaDB 10.5.23 is too old"),
+    ("10.7.8-MariaDB", "MariaDB 10.7.8 is too old"),
+    ("8.0.13", "MySQL 8.0.13 is too old"),
+    ("5.7.44-log", "MySQL 5.7.44 is too old"),
+    ("unknown", "cannot tell the server's version"),
+])
+def test_servers_too_old_are_named_with_the_reason(version: str, why: str) -> None:
+    refused = unsupported_server(version)
+    assert refused is not None and why in refused
+
+
+def test_the_server_here_holds_the_schema(migrated_db: DatabaseSettings) -> None:
+    engine = sa.create_engine(migrated_db.url())
+    try:
+        with engine.connect() as conn:
+            version = str(conn.exec_driver_sql("SELECT VERSION()").scalar())
+    finally:
+        engine.dispose()
+    assert unsupported_server(version) is None, version
