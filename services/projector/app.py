@@ -7,7 +7,8 @@ the database is the truth: on every assignment the consumer seeks each partition
 stored with the projection, so a crash between the MySQL commit and Kafka's never re-applies or
 loses a record. A record that cannot be applied (not an event, or an error other than the
 database being unreachable) stops the process with a non-zero exit after what precedes it in
-its batch is applied: it is never skipped.
+its batch is applied: it is never skipped. The process exits within :data:`STOP_GRACE_S` of
+it even when faust's orderly shutdown hangs on the broker.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import faust
@@ -72,6 +75,32 @@ behind a big submission took up to 277 job bunches (283k jobs) in one transactio
 memory and nearly 5 s before the applied offsets moved, which paced ingest's answers in jumps.
 16 MiB is about 40 bunches of the official client's 1,024 no-op jobs; execution events are a
 few hundred bytes, so their batches (at most :data:`BATCH_SIZE` events) are never split."""
+
+STOP_GRACE_S = 20.0
+"""How long a projector that hit a record it cannot apply waits for faust's orderly shutdown
+before it exits anyway. The shutdown talks to the broker (a final commit, leaving the group)
+and can wait out a request timeout of 90 s or more; meanwhile the process looks alive to its
+supervisor and to anyone waiting for it to stop (seen once in CI: a projector that had logged
+the record and stopped applying was still running 60 s later). Exiting without the rest loses
+nothing: the database holds the applied offsets, and a restart stops at the same record."""
+
+
+def exit_unless_stopped(seconds: float, code: int = 1,
+                        exit: Callable[[int], object] = os._exit) -> threading.Timer:
+    """Arm a timer that ends the process with ``code`` in ``seconds`` unless it has exited
+    by then (a daemon thread: it never holds the process up). ``exit`` is for tests."""
+    def fire() -> None:
+        log.critical("projector still running %.0f s after it stopped applying; exiting now",
+                     seconds)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        exit(code)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
 
 UNAWAITED: tuple[type, ...] = (JobScheduled, JobsScheduled, JobStarted, JobCompleted,
                                JobsCompleted, AttemptHeartbeat)
@@ -219,9 +248,13 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
     async def project(stream: faust.StreamT[bytes]) -> None:
         # take_events exists on faust-streaming's Stream but not on its StreamT protocol.
         batches = stream.take_events(BATCH_SIZE, within=within_s)  # type: ignore[attr-defined]
-        async for events in batches:
-            for part in transactions(events):
-                await apply_part(part)
+        try:
+            async for events in batches:
+                for part in transactions(events):
+                    await apply_part(part)
+        except Exception:
+            exit_unless_stopped(STOP_GRACE_S)  # faust's shutdown may hang on the broker
+            raise
 
     async def apply_part(events: Sequence[Any]) -> None:
         records, undecodable = _records(events, logical)
