@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 import uuid
@@ -35,6 +36,24 @@ from schemas.events import AnyEvent
 from services.common.settings import ALL_TOPICS, LogSettings
 
 log = logging.getLogger(__name__)
+_probing: contextvars.ContextVar[bool] = contextvars.ContextVar("hs_probing", default=False)
+
+
+class _QuietProbes(logging.Filter):
+    """Drops aiokafka's INFO lines about the assignment of a :func:`high_watermarks` consumer.
+
+    The projector's lag probe makes one every few seconds, and each logged its topics as a
+    table: eight lines every five seconds that buried everything else in the projector's log
+    (a CI failure's excerpt showed nothing but them). Only the probe's own task is quieted
+    (a context variable): a group consumer's assignments, in any other task or thread, are
+    still logged.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not _probing.get()
+
+
+logging.getLogger("aiokafka.consumer.subscription_state").addFilter(_QuietProbes())
 _FIRST = -1
 """``LogConsumer._next`` of a partition read from its beginning: whatever offset comes first."""
 
@@ -465,6 +484,16 @@ async def high_watermarks(settings: LogSettings, topics: Iterable[str] = ALL_TOP
     """
     consumer = AIOKafkaConsumer(**_common(settings), enable_auto_commit=False,
                                 max_partition_fetch_bytes=1024, fetch_max_bytes=64 * 1024)
+    probing = _probing.set(True)
+    try:
+        return await _high_watermarks(consumer, settings, topics, timeout_s)
+    finally:
+        _probing.reset(probing)
+
+
+async def _high_watermarks(consumer: AIOKafkaConsumer, settings: LogSettings,
+                           topics: Iterable[str], timeout_s: float
+                           ) -> dict[tuple[str, int], int]:
     try:
         await start_client(consumer.start, consumer.stop)
     except KafkaError as e:

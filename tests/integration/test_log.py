@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import defaultdict
 from collections.abc import Iterator
 
@@ -128,6 +129,18 @@ async def test_ten_thousand_events_keep_per_key_order(log_settings: LogSettings)
 
     marks = await high_watermarks(log_settings, [TOPIC_BATCH])
     assert sum(marks.values()) == N_EVENTS
+
+
+async def test_a_watermark_read_logs_no_assignment_and_other_assignments_still_log(
+        log_settings: LogSettings, caplog: pytest.LogCaptureFixture) -> None:
+    await bootstrap_topics(log_settings)
+    subscriptions = "aiokafka.consumer.subscription_state"
+    with caplog.at_level(logging.INFO):
+        marks = await high_watermarks(log_settings, [TOPIC_BATCH])
+        assert set(marks) == {(TOPIC_BATCH, p) for p in range(log_settings.partitions)}
+        assert [r.getMessage() for r in caplog.records if r.name == subscriptions] == []
+        logging.getLogger(subscriptions).info("Updating subscribed topics to: %s", {"t"})
+    assert [r.name for r in caplog.records].count(subscriptions) == 1
 
 
 def _insert(conn: sa.Connection, records: list[Record]) -> int:
