@@ -54,7 +54,14 @@ class Lease:
         if self._conn is None:
             self._conn = self._engine.connect()
         try:
-            got = self._conn.execute(sa.text("SELECT GET_LOCK(:n, 0)"), {"n": self.name}).scalar()
+            # GET_LOCK is re-entrant (MariaDB 10.0.2+, MySQL 5.7+): each call by the holder
+            # counts, and RELEASE_LOCK undoes one. Taken only when not held already, so one
+            # release frees it; a holder polling this would otherwise keep it until its
+            # connection's end reached the server, after the release had returned (CI saw the
+            # standby refused right after the holder's release).
+            got = self._conn.execute(sa.text(
+                "SELECT IF(IS_USED_LOCK(:n) <=> CONNECTION_ID(), 1, GET_LOCK(:n, 0))"),
+                {"n": self.name}).scalar()
         except sa.exc.DBAPIError as e:
             log.warning("lease %s: %s", self.name, e)
             self._drop()

@@ -27,6 +27,27 @@ def test_one_holder_at_a_time_and_release_hands_over(migrated_db: DatabaseSettin
     asyncio.run(go())
 
 
+def test_a_holder_polling_for_its_lease_holds_it_once(migrated_db: DatabaseSettings) -> None:
+    """GET_LOCK is re-entrant: were each poll a hold, one RELEASE_LOCK would leave the lease
+    held until the holder's connection ended on the server, after ``release`` returned."""
+    async def go() -> None:
+        a = Lease(migrated_db, "test-lease-poll")
+        engine = sa.create_engine(migrated_db.url())
+        try:
+            async with a:
+                for _ in range(5):  # a leader's polls
+                    assert await a.try_acquire()
+                assert a._conn is not None
+                a._conn.execute(sa.text("SELECT RELEASE_LOCK(:n)"), {"n": a.name})
+                with engine.connect() as conn:
+                    assert conn.execute(sa.text("SELECT IS_FREE_LOCK(:n)"),
+                                        {"n": a.name}).scalar() == 1
+        finally:
+            engine.dispose()
+
+    asyncio.run(go())
+
+
 def test_a_dead_holders_lease_is_free_at_once(migrated_db: DatabaseSettings) -> None:
     async def go() -> None:
         a, b = Lease(migrated_db, "test-lease-kill"), Lease(migrated_db, "test-lease-kill")
