@@ -43,6 +43,7 @@ from services.audit.bulk import write_ops
 from services.audit.load import CONNECT_ARGS
 from services.audit.logread import PartitionReader
 from services.audit.replay import ReplayStats, SinkTarget, replay, replay_processes, spans
+from services.common import eventloop
 from services.common.log import Publisher, bootstrap_topics, delete_topics, high_watermarks
 from services.common.settings import (
     ALL_TOPICS,
@@ -289,7 +290,8 @@ def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,
                                 children_as="replay (projector sink)")
             window.start()
             try:
-                stats = asyncio.run(_replay(log, db, engine, replay_batch, n, bulk))
+                stats = eventloop.run(_replay(log, db, engine, replay_batch, n, bulk),
+                                      eventloop.loop_factory())
                 spent = window.stop(len(events), unit="event")
                 with engine.connect() as conn:
                     done = conn.execute(sa.text("SELECT COUNT(*) FROM jobs WHERE state IN "

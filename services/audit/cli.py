@@ -39,6 +39,7 @@ from services.audit.history import job_history, load_batch, render
 from services.audit.rebuild import AuditError, RebuildOptions, Reporter, rebuild
 from services.audit.replay import Progress as OnProgress
 from services.audit.replay import ReplayError, Span
+from services.common import eventloop
 from services.common.log import LogError
 from services.common.settings import load_settings
 
@@ -150,7 +151,8 @@ def rebuild_command(
                              batch_size=batch_size,
                              lanes=lanes or (BULK_LANES if bulk else SINK_LANES), bulk=bulk)
     try:
-        result = asyncio.run(rebuild(settings, options, reporter))
+        result = eventloop.run(rebuild(settings, options, reporter),
+                               eventloop.service_loop("audit"))
     except (AuditError, LogError, KafkaError, DecodeError, ReplayError) as e:
         reporter.message(f"error: {e!r}" if isinstance(e, KafkaError) else f"error: {e}")
         raise typer.Exit(FAILED) from None

@@ -34,6 +34,7 @@ from schemas import codec
 from schemas.envelope import Envelope
 from services.audit.load import CONNECT_ARGS
 from services.audit.logread import PartitionReader
+from services.common import eventloop
 from services.common.log import Record
 from services.common.settings import DatabaseSettings, LogSettings
 from services.projector.sink import Applied, Sink
@@ -381,8 +382,9 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Claims,
     try:
         stats = ReplayStats()
         sink = Sink(engine, consumer=target.consumer)
-        asyncio.run(_run_lane(log, sink, todo, stats, batch_size,
-                              lambda span, n: outbox.put(("progress", lane, span, n)), bulk))
+        eventloop.run(_run_lane(log, sink, todo, stats, batch_size,
+                                lambda span, n: outbox.put(("progress", lane, span, n)), bulk),
+                      eventloop.loop_factory())
         outbox.put(("done", lane, stats))
     except BaseException as e:  # the process's top level: the parent raises it
         # Where it failed stays here: what crosses to the parent is the exception alone.

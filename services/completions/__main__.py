@@ -10,6 +10,7 @@ import asyncio
 import logging
 import signal
 
+from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.metrics import serve_metrics
 from services.common.settings import Settings, load_settings
@@ -32,11 +33,12 @@ async def serve(settings: Settings, completions: CompletionsSettings) -> None:
 
 
 def main() -> None:
+    loop = eventloop.service_loop("completions")
     tune_for_service()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     logging.getLogger("aiokafka").setLevel(logging.WARNING)
-    asyncio.run(serve(load_settings(), load_completions_settings()))
+    eventloop.run(serve(load_settings(), load_completions_settings()), loop)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from aiohttp import web
 
 from core.resources import default_config
+from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.log import Publisher
 from services.common.settings import (
@@ -90,6 +91,7 @@ async def serve(host: str, port: int) -> None:
 
 
 def main() -> None:
+    loop = eventloop.service_loop("ingest")
     tune_for_service()
     parser = argparse.ArgumentParser(prog="python -m services.ingest")
     parser.add_argument("--port", type=int, default=int(os.environ.get("HS_INGEST_PORT", "5000")))
@@ -99,7 +101,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.host, args.port))
+        eventloop.run(serve(args.host, args.port), loop)
 
 
 if __name__ == "__main__":

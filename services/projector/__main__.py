@@ -13,6 +13,7 @@ after (the one-machine stack sets it; see ``services.stack.config.LOCAL_PROJECTO
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -20,6 +21,7 @@ import sys
 import faust
 import sqlalchemy as sa
 
+from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.metrics import metrics_host, metrics_port
 from services.common.settings import load_settings, projector_nice
@@ -27,6 +29,7 @@ from services.projector.app import batch_within_s, create_app, execution_linger_
 
 
 def main() -> None:
+    loop = eventloop.new_event_loop(eventloop.service_loop("projector"))
     tune_for_service()
     settings = load_settings()
     try:
@@ -37,12 +40,13 @@ def main() -> None:
         sys.exit(f"projector: {e}")
     if nice:
         os.nice(nice)
+    asyncio.set_event_loop(loop)  # faust's app takes the current loop
     engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
                               pool_pre_ping=True)
     app = create_app(settings, engine, metrics_port=metrics_port("projector"),
                      metrics_host=metrics_host(), within_s=within_s,
                      linger_s=linger_s)
-    worker = faust.Worker(app, loglevel=logging.INFO, quiet=True)
+    worker = faust.Worker(app, loglevel=logging.INFO, quiet=True, loop=loop)
     try:
         worker.execute_from_commandline()
     finally:

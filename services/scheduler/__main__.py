@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 
+from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.metrics import serve_metrics
 from services.common.settings import Settings, load_settings
@@ -51,10 +52,11 @@ async def serve(settings: Settings, sched: SchedulerSettings) -> str:
 
 
 def main() -> None:
+    loop = eventloop.service_loop("scheduler")
     tune_for_service()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    why = asyncio.run(serve(load_settings(), load_scheduler_settings()))
+    why = eventloop.run(serve(load_settings(), load_scheduler_settings()), loop)
     sys.exit(EXIT_DEPOSED if why == "deposed" else 0)
 
 

@@ -30,6 +30,7 @@ import signal
 import socket
 from collections.abc import Mapping
 
+from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.settings import (
     LogSettings,
@@ -90,13 +91,14 @@ async def serve(settings: WorkerSettings, log_settings: LogSettings) -> None:
 
 
 def main() -> None:
+    loop = eventloop.service_loop("worker")
     tune_for_service()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     shared = load_settings()
     settings = load_worker_settings(data_dir=shared.data_dir)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(settings, shared.log))
+        eventloop.run(serve(settings, shared.log), loop)
 
 
 if __name__ == "__main__":
