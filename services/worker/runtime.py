@@ -33,9 +33,11 @@ import asyncio
 import contextlib
 import io
 import os
+import select
 import signal
 import subprocess
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -210,37 +212,92 @@ class _SinkProtocol(asyncio.Protocol):
             self._closed.set_result(None)
 
 
-class _Child:
-    """A started process and a future of its return code, resolved from the event loop.
+class _Reaper:
+    """Tells the loop's children that they ended, through one epoll set of their pidfds.
 
-    Linux tells the loop a process ended through a pidfd, so waiting costs no thread per
-    process (Python 3.11's asyncio child watcher starts one per subprocess, which was a
-    measurable share of a no-op job's cost). Where pidfds are missing, a thread waits.
+    Linux tells of a process's end through a pidfd, so waiting costs no thread per process
+    (Python 3.11's asyncio child watcher starts one per subprocess, which was a measurable share
+    of a no-op job's cost). The pidfds go into a private epoll set, and only that set is the
+    loop's reader: a start costs one ``epoll_ctl`` (closing the pidfd takes it out again), where
+    a reader per pidfd cost the loop a handle and four or five system calls to add and remove
+    (uvloop checks and sets up each descriptor it is given). One reaper per event loop, while
+    that loop has children; it closes once none has run for ``IDLE_S`` (not as soon as the last
+    ended: a worker's children come and go, and a set per burst would cost more than it saves).
     """
+
+    IDLE_S = 2.0
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Reaper] = (
+        weakref.WeakKeyDictionary())
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._epoll = select.epoll()
+        self._children: dict[int, _Child] = {}  # by pidfd
+        self._idle: asyncio.TimerHandle | None = None  # the close, once no child runs
+        loop.add_reader(self._epoll.fileno(), self._on_ready)
+
+    @classmethod
+    def watch(cls, loop: asyncio.AbstractEventLoop, pidfd: int, child: _Child) -> None:
+        """Resolve ``child`` once ``pidfd`` (now the reaper's, to close) says it ended."""
+        reaper = cls._by_loop.get(loop)
+        if reaper is None:
+            reaper = cls._by_loop[loop] = cls(loop)
+        try:
+            reaper._epoll.register(pidfd, select.EPOLLIN)
+        except BaseException:
+            os.close(pidfd)
+            reaper._on_idle()
+            raise
+        reaper._children[pidfd] = child
+
+    def _on_ready(self) -> None:
+        for pidfd, _ in self._epoll.poll(0):
+            child = self._children.pop(pidfd, None)
+            os.close(pidfd)  # also takes it out of the set
+            if child is not None:
+                child.ended()
+        self._on_idle()
+
+    def _on_idle(self) -> None:
+        """Close in ``IDLE_S`` unless a child runs then (one timer at a time)."""
+        if not self._children and self._idle is None:
+            self._idle = self._loop.call_later(self.IDLE_S, self._close_if_idle)
+
+    def _close_if_idle(self) -> None:
+        self._idle = None
+        if self._children:
+            return  # the next idle moment sets the timer again
+        if self._by_loop.get(self._loop) is self:
+            del self._by_loop[self._loop]
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._epoll.fileno())
+        self._epoll.close()
+
+
+class _Child:
+    """A started process and a future of its return code, resolved from the event loop (by
+    the :class:`_Reaper`; where pidfds are missing, a thread waits)."""
 
     def __init__(self, popen: subprocess.Popen[bytes], loop: asyncio.AbstractEventLoop) -> None:
         self.pid = popen.pid
         self._popen = popen
         self._loop = loop
         self.exited: asyncio.Future[int] = loop.create_future()
-        self._pidfd: int | None = None
         try:
-            self._pidfd = os.pidfd_open(popen.pid)
+            pidfd = os.pidfd_open(popen.pid)
         except OSError:  # no pidfds (old kernel): a thread blocks in waitpid instead
             loop.run_in_executor(None, self._wait_blocking)
             return
-        loop.add_reader(self._pidfd, self._on_exit)
+        _Reaper.watch(loop, pidfd, self)
 
     @property
     def returncode(self) -> int | None:
         return self._popen.returncode
 
-    def _on_exit(self) -> None:
-        assert self._pidfd is not None
-        self._loop.remove_reader(self._pidfd)
-        os.close(self._pidfd)
-        self._pidfd = None
-        self._resolve(self._popen.wait())  # the process has ended: waitpid returns at once
+    def ended(self) -> None:
+        """The process has ended: collect its return code (waitpid returns at once)."""
+        self._resolve(self._popen.wait())
 
     def _wait_blocking(self) -> None:
         code = self._popen.wait()
@@ -374,8 +431,20 @@ def _spawn(request: RunRequest, env: dict[str, str], out_fd: int) -> subprocess.
     a millisecond and returns at once; only waiting for it would block, and that goes through
     :class:`_Child`. The exec's own errors (no such file, permission denied) raise here.
     """
-    return subprocess.Popen(request.command, stdin=subprocess.DEVNULL, stdout=out_fd,
+    return subprocess.Popen(request.command, stdin=_devnull(), stdout=out_fd,
                             stderr=out_fd, env=env, cwd=request.cwd, start_new_session=True)
+
+
+_DEVNULL: list[int] = []
+
+
+def _devnull() -> int:
+    """A descriptor of ``/dev/null`` for the jobs' stdin, opened once per process (not
+    inherited: the child gets it as its fd 0): ``subprocess.DEVNULL`` opens and closes the
+    device again for every process."""
+    if not _DEVNULL:
+        _DEVNULL.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    return _DEVNULL[0]
 
 
 def _refusal(request: RunRequest) -> tuple[str, str] | None:

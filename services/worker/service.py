@@ -139,7 +139,7 @@ class _Attempt:
     job: JobRequest
     request: RunRequest | None  # None until the spec is read from the spec store
     task: asyncio.Task[None] | None = None
-    run: asyncio.Task[Outcome] | None = None  # the process, once started
+    running: bool = False  # in the runtime's run: a DELETE cancels the task, the run ends it
     outcome: Outcome | None = None  # set when the process ended: its cores are free
     start_due: asyncio.TimerHandle | None = None  # the MJS waits for this, unless it ends first
     started: asyncio.Task[None] | None = None  # the MJS being published
@@ -179,6 +179,9 @@ class Worker:
         self._free_workdirs: list[str] = []
         self._n_workdirs = 0
         self._attempts: dict[AttemptKey, _Attempt] = {}
+        # The cores of the attempts whose process has not ended (counted, not summed over the
+        # attempts for every dispatch: a worker holds a hundred or more at once).
+        self._busy_mcpu = 0
         self._finished: OrderedDict[AttemptKey, None] = OrderedDict()
         self._runner: web.AppRunner | None = None
         self._heartbeats: asyncio.Task[None] | None = None
@@ -191,8 +194,7 @@ class Worker:
 
     @property
     def free_mcpu(self) -> int:
-        busy = sum(a.job.cores_mcpu for a in self._attempts.values() if a.outcome is None)
-        return self._settings.cores_mcpu - busy
+        return self._settings.cores_mcpu - self._busy_mcpu
 
     async def __aenter__(self) -> Self:
         try:
@@ -305,6 +307,7 @@ class Worker:
                                     f"mCPU, {free} of {self._settings.cores_mcpu} mCPU are free"}
         attempt = _Attempt(job=job, request=run_request)
         self._attempts[key] = attempt
+        self._busy_mcpu += job.cores_mcpu
         attempt.task = asyncio.create_task(self._attempt(attempt), name=f"attempt-{key}")
         worker_metrics.holding(attempt.task)
         return 200, {"attempt": "started"}
@@ -318,8 +321,9 @@ class Worker:
             return _error(404, "no such attempt")
         if attempt.outcome is None and not attempt.cancel_requested:
             attempt.cancel_requested = True
-            if attempt.run is not None:
-                attempt.run.cancel()  # the runtime kills the process and returns Cancelled
+            if attempt.running:
+                assert attempt.task is not None
+                attempt.task.cancel()  # the runtime kills the process and returns Cancelled
         return web.json_response({"attempt": "cancelling"})
 
     async def _get_log(self, request: web.Request) -> web.Response:
@@ -353,8 +357,9 @@ class Worker:
                 outcome, error = await self._execute(attempt, spec or {})
                 if outcome is not None and outcome.exit_code is not None:  # it started
                     worker_metrics.spawned(start, outcome.start_time_ms)
-            attempt.outcome = outcome if outcome is not None else Outcome(
+            ended = outcome if outcome is not None else Outcome(
                 state="Error", start_time_ms=start, end_time_ms=self._clock())
+            self._ended(attempt, ended)
             if attempt.abandoned:
                 return
             doc = job_status(
@@ -362,7 +367,7 @@ class Worker:
                 batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
                 user=job.user, worker=self._settings.instance_name,
                 region=self._settings.region, start_time_ms=start,
-                end_time_ms=attempt.outcome.end_time_ms, resources=job.resources, error=error)
+                end_time_ms=ended.end_time_ms, resources=job.resources, error=error)
             if attempt.start_due is not None:  # ended before its MJS was due: the MJC says it
                 attempt.start_due.cancel()
                 attempt.start_due = None
@@ -379,9 +384,16 @@ class Worker:
                 attempt.start_due.cancel()
             if attempt.started is not None and not attempt.started.done():
                 attempt.started.cancel()  # abandoned or failed: a pending MJS must not outlive it
+            if attempt.outcome is None:  # failed in the worker before its process ended
+                self._busy_mcpu -= job.cores_mcpu
             self._attempts.pop(attempt.key, None)
             if not attempt.abandoned:
                 self._remember(attempt.key)
+
+    def _ended(self, attempt: _Attempt, outcome: Outcome) -> None:
+        """The attempt's process ended (or never started): its cores are free."""
+        attempt.outcome = outcome
+        self._busy_mcpu -= attempt.job.cores_mcpu
 
     def _report_start(self, attempt: _Attempt, event: JobStarted) -> None:
         """Publish the MJS once the attempt has run ``start_report_ms`` (at once for 0).
@@ -444,14 +456,18 @@ class Worker:
             sink = self._prepare(workdir, job)
             if attempt.cancel_requested:  # a DELETE while we prepared
                 return self._never_started(), None
-            attempt.run = asyncio.create_task(self._runtime.run(attempt.request, sink))
+            # In this task (a task of its own per run cost every job its creation and steps):
+            # a DELETE cancels this task while it runs, and the runtime consumes that.
+            attempt.running = True
             try:
-                return await attempt.run, None
+                return await self._runtime.run(attempt.request, sink), None
             except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if attempt.abandoned or (task is not None and task.cancelling()):
+                if attempt.abandoned or not attempt.cancel_requested:
                     raise
-                return self._never_started(), None  # a DELETE before the run's first step
+                _uncancel()
+                return self._never_started(), None  # a DELETE before the process started
+            finally:
+                attempt.running = False
         except OSError as e:
             return None, f"worker error: {type(e).__name__}: {e}"
         finally:
@@ -515,6 +531,13 @@ class Worker:
             return self._free_workdirs.pop()
         self._n_workdirs += 1
         return f"{self._scratch}/work-{self._n_workdirs}"
+
+
+def _uncancel() -> None:
+    """A DELETE's cancellation is consumed (the MJC reports it): tell the task."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()
 
 
 def _key(request: web.Request) -> AttemptKey | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from services.worker import runtime as runtime_module
 from services.worker.runtime import (
     FileLogSink,
     LocalProcessRuntime,
@@ -343,3 +344,28 @@ async def test_a_null_byte_is_refused_before_anything_runs(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="null byte"):
         await _run(["echo", "a\0b"], tmp_path)
 
+
+
+def _descriptors() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+async def test_stdin_is_empty_and_runs_leave_no_descriptor_behind(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job reads /dev/null; the worker holds no descriptor of a run once it ended (pidfds,
+    pipes; the set that watches the pidfds once idle), whether runs overlap or follow one
+    another. All it keeps is one descriptor of /dev/null, for every run of the process."""
+    monkeypatch.setattr(runtime_module._Reaper, "IDLE_S", 0.05)
+    before = _descriptors()
+    runtime = _runtime()
+    outcome, log = await _run(["sh", "-c", "readlink /proc/self/fd/0; cat; echo read"], tmp_path)
+    assert outcome.state == "Success" and log == b"/dev/null\nread\n"
+    for _ in range(3):
+        outcomes = await asyncio.gather(*(runtime.run(
+            RunRequest(command=["sh", "-c", f"sleep 0.0{i % 5}; exit {i % 4}"],
+                       cwd=str(tmp_path)), MemoryLogSink()) for i in range(40)))
+        assert [o.exit_code for o in outcomes] == [i % 4 for i in range(40)]
+        await asyncio.sleep(0.2)
+        kept = _descriptors() - before
+        assert {os.readlink(f"/proc/self/fd/{fd}") for fd in kept} <= {"/dev/null"}
+        assert len(kept) <= 1

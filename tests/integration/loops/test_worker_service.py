@@ -31,7 +31,8 @@ from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings
 from services.common.specstore import LocalSpecStore
 from services.scheduler.dispatch import Attempt, Delivery, WorkerClient
 from services.worker.__main__ import load_worker_settings
-from services.worker.runtime import time_ms
+from services.worker.logstore import LocalLogStore
+from services.worker.runtime import FileLogSink, time_ms
 from services.worker.service import Worker, WorkerSettings
 
 pytestmark = pytest.mark.integration
@@ -76,6 +77,11 @@ class Env:
                 f"{self.base}/api/v1alpha/jobs/{BATCH}/{job_id}/{attempt_id}") as r:
             return r.status
 
+    async def free_mcpu(self) -> int:
+        async with self.http.get(f"{self.base}/healthcheck") as r:
+            assert r.status == 200
+            return int((await r.json())["free_mcpu"])
+
     async def log(self, job_id: int, attempt_id: str, container: str = "main"
                   ) -> tuple[int, bytes]:
         url = f"{self.base}/api/v1alpha/jobs/{BATCH}/{job_id}/{attempt_id}/log/{container}"
@@ -109,7 +115,7 @@ class Env:
 @asynccontextmanager
 async def running(log_settings: LogSettings, tmp_path: Path, *,
                   publisher: Publisher | None = None, clock: Callable[[], int] = time_ms,
-                  **overrides: Any) -> AsyncIterator[Env]:
+                  store: LocalLogStore | None = None, **overrides: Any) -> AsyncIterator[Env]:
     # One partition per topic: the reader seeks each partition in turn, about 0.5 s apiece.
     log_settings = msgspec.structs.replace(log_settings, partitions=1)
     await bootstrap_topics(log_settings)
@@ -120,7 +126,7 @@ async def running(log_settings: LogSettings, tmp_path: Path, *,
         "report_retry_s": 0.05, "start_report_ms": 0, **overrides})
     options = ConsumerOptions(name="reader", topics=[TOPIC_BATCH, TOPIC_SCHEDULER], group=False)
     async with LogConsumer(log_settings, options) as consumer, aiohttp.ClientSession() as http:
-        worker = Worker(settings, log_settings, publisher=publisher, clock=clock)
+        worker = Worker(settings, log_settings, publisher=publisher, clock=clock, store=store)
         async with worker:
             yield Env(worker, http, consumer, log_settings)
 
@@ -498,6 +504,7 @@ async def test_a_dispatch_without_a_spec_reads_it_from_the_spec_store(
         await env.wait_for(lambda evs: all(completed(j)(evs) for j in (1, 2, 3, 4)))
         assert await env.log(1, "a1") == (200, b"from the store\n")
         assert await env.post(4, "a1", None) == (200, {"attempt": "finished"})
+        assert await env.free_mcpu() == 4000  # every attempt gave its cores back
         await env.settle()
     for job_id in (1, 2, 3, 4):
         kinds = [type(e) for e in env.events if getattr(e, "job_id", None) == job_id]
@@ -511,3 +518,43 @@ async def test_a_dispatch_without_a_spec_reads_it_from_the_spec_store(
     assert msgspec.json.decode(missing.status)["error"] == missing.error
     (malformed,) = env.of(JobCompleted, 3)
     assert (malformed.error or "").startswith(f"invalid job spec of job {BATCH}/3: ")
+
+
+class _BrokenLogStore(LocalLogStore):
+    """A log store whose writer fails in a way the worker does not expect (not an OSError)."""
+
+    def writer(self, batch_id: int, job_id: int, attempt_id: str, container: str) -> FileLogSink:
+        if job_id == 2:
+            raise RuntimeError("broken log store")
+        return super().writer(batch_id, job_id, attempt_id, container)
+
+
+async def test_the_cores_of_an_attempt_that_fails_in_the_worker_are_free_again(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    """The worker counts busy cores as attempts start and end, whichever way they end: an
+    attempt cancelled before its process started, one whose worker step raised, one that
+    ran."""
+    pidfile = tmp_path / "pids"
+    async with running(log_settings, tmp_path, cores_mcpu=3000,
+                       store=_BrokenLogStore(tmp_path / "logs")) as env:
+        assert (await env.post(1, "a1", sleeper(pidfile)))[0] == 200
+        assert (await env.post(2, "a1", spec("true")))[0] == 200  # its log store raises
+        assert (await env.post(3, "a1", spec("true")))[0] == 200
+        await pids_in(pidfile)
+        await env.wait_for(completed(3))
+        for _ in range(250):  # job 2 ends without an MJC: only its attempt's end tells
+            if await env.free_mcpu() == 2000:
+                break
+            await asyncio.sleep(0.02)
+        assert await env.free_mcpu() == 2000  # job 1's core is still busy
+        assert await env.post(2, "a1", spec("true")) == (200, {"attempt": "finished"})
+        assert await env.delete(1, "a1") == 200
+        await env.wait_for(completed(1))
+        assert await env.free_mcpu() == 3000
+        # Three jobs of a core each fit again.
+        for job_id in (4, 5, 6):
+            assert (await env.post(job_id, "a1", sleeper(tmp_path / f"p{job_id}")))[0] == 200
+        assert await env.free_mcpu() == 0
+        assert (await env.post(7, "a1", spec("true")))[0] == 409
+        await env.settle()
+    assert not env.of(JobCompleted, 2)
