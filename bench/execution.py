@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import sqlalchemy as sa
 
 from bench import cpu, remove_at_exit
@@ -80,10 +81,14 @@ def _status(url: str, token: str, batch_id: int) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-async def _log_rate(log: LogSettings, batch_id: int) -> float:
-    """Jobs per second of ``batch_id`` between its first SJ and its last MJC on the log."""
+async def _log_rate(log: LogSettings, batch_id: int) -> tuple[float, dict[str, float]]:
+    """Jobs per second of ``batch_id`` between its first SJ and its last MJC on the log, and
+    where an attempt's time went, by the times on the log and in the MJCs (:func:`_spans`)."""
     marks = await high_watermarks(log, ["batch-events"])
     first_sj, last_mjc, n = None, 0, 0
+    scheduled: dict[tuple[int, str], int] = {}
+    # (SJ, attempt start, main container start, attempt end, MJC) times
+    ended: list[tuple[int, int, int, int, int]] = []
     async with LogConsumer(log, ConsumerOptions(name="bench", topics=["batch-events"],
                                                 group=False, max_records=10_000)) as consumer:
         done: dict[tuple[str, int], int] = {}
@@ -93,12 +98,68 @@ async def _log_rate(log: LogSettings, batch_id: int) -> float:
                 event = rec.envelope.event
                 if getattr(event, "batch_id", None) != batch_id:
                     continue
-                if isinstance(event, JobScheduled | JobsScheduled) and first_sj is None:
-                    first_sj = rec.envelope.time_ms
+                at = rec.envelope.time_ms
+                if isinstance(event, JobScheduled | JobsScheduled):
+                    first_sj = at if first_sj is None else first_sj
+                    for sj in event.expand() if isinstance(event, JobsScheduled) else [event]:
+                        scheduled[(sj.job_id, sj.attempt_id)] = at
                 elif isinstance(event, JobCompleted | JobsCompleted):
-                    n += len(event.attempts) if isinstance(event, JobsCompleted) else 1
-                    last_mjc = max(last_mjc, rec.envelope.time_ms)
-    return 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
+                    mjcs = event.expand() if isinstance(event, JobsCompleted) else [event]
+                    n += len(mjcs)
+                    last_mjc = max(last_mjc, at)
+                    ended += [(sj, mjc.start_time_ms, run, mjc.end_time_ms, at) for mjc in mjcs
+                              if (sj := scheduled.get((mjc.job_id, mjc.attempt_id))) is not None
+                              and mjc.start_time_ms is not None
+                              and (run := _main_start(mjc.status)) is not None]
+    rate = 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
+    return rate, _spans(ended, rate)
+
+
+class _Timing(msgspec.Struct):
+    start_time: int
+
+
+class _Main(msgspec.Struct):
+    timing: dict[str, _Timing] = {}
+
+
+class _Status(msgspec.Struct):
+    container_statuses: dict[str, _Main] = {}
+
+
+_status_doc = msgspec.json.Decoder(_Status)
+
+
+def _main_start(status: str | None) -> int | None:
+    """When the main container's process was started, from an MJC's status document."""
+    if status is None:
+        return None
+    main = _status_doc.decode(status).container_statuses.get("main")
+    running = None if main is None else main.timing.get("running")
+    return None if running is None else running.start_time
+
+
+def _spans(ended: list[tuple[int, int, int, int, int]], rate: float) -> dict[str, float]:
+    """Mean milliseconds of an attempt from its SJ on the log to its start in the worker
+    (delivery, the worker taking it up), from there to its process's start (the spec, the
+    working directory, the log, the worker's queue), from there to its end (the process, its
+    reaping), and from there to its MJC on the log (the outbox's linger, the publish);
+    ``in_flight`` is how many attempts were between SJ and MJC on average (the rate times their
+    mean sum, by Little's law). A slot's whole cycle is the worker's slots over the rate: what
+    the spans leave of it is the scheduler's side (the MJC's fetch, the round that frees the
+    slot and the next SJ's publish)."""
+    if not ended:
+        return {}
+    k = len(ended)
+    spans = {
+        "sj_to_start": sum(start - sj for sj, start, _, _, _ in ended) / k,
+        "start_to_process": sum(run - start for _, start, run, _, _ in ended) / k,
+        "process_to_end": sum(end - run for _, _, run, end, _ in ended) / k,
+        "end_to_mjc": sum(mjc - end for _, _, _, end, mjc in ended) / k,
+    }
+    spans = {name: round(ms, 1) for name, ms in spans.items()}
+    spans["in_flight"] = round(rate * sum(spans.values()) / 1000, 1)
+    return spans
 
 
 def _per_job(spent: dict[str, Any]) -> dict[str, float]:
@@ -163,7 +224,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             halves["cpu_ms_per_job_second_half"] = _per_job(
                 second_half.stop(n_jobs - half_done))
         log = load_settings(env).log
-        log_rate = asyncio.run(_log_rate(log, big["id"]))
+        log_rate, spans = asyncio.run(_log_rate(log, big["id"]))
         return {
             "storage": "seaweedfs" if durable else "memory",
             "jobs": n_jobs,
@@ -176,6 +237,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             "run_jobs_per_s_after_submit": round(n_jobs / max(elapsed - big["seconds"], 1e-9),
                                                  1),
             "log_jobs_per_s": round(log_rate, 1),
+            "attempt_ms": spans,
             "spawn_per_s_serial": round(spawn_1),
             "spawn_per_s_16_concurrent": round(spawn_16),
             **spent,

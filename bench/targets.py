@@ -101,8 +101,15 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
                               rate >= 1000 and jobs >= 100_000, note))
     log_rate = _get(results, "execution", "log_jobs_per_s")
     if log_rate is not None:
+        note = "scheduler + workers, without the projector"
+        spans = _get(results, "execution", "attempt_ms")
+        if spans:
+            note += (f"; an attempt's mean ms from its SJ to its start in the worker "
+                     f"{spans['sj_to_start']}, to its process's start "
+                     f"{spans['start_to_process']}, to its end {spans['process_to_end']}, to "
+                     f"its MJC {spans['end_to_mjc']}; {spans['in_flight']} attempts in flight")
         out.append(Assessment("no-op jobs/s on the log (first SJ to last MJC)", f"{log_rate}",
-                              DIAGNOSTIC, None, "scheduler + workers, without the projector"))
+                              DIAGNOSTIC, None, note))
     seconds = _get(results, "ingest", "submit_seconds")
     n = _get(results, "ingest", "jobs")
     if seconds is None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench.execution import _main_start, _spans
 from bench.ingest_throughput import paired_ratio
 from bench.machine import Sampler, memory_chain, memory_msteps, python_mops, summary
 from bench.targets import DIAGNOSTIC, assess
@@ -266,3 +268,21 @@ def test_paired_latencies_must_pair() -> None:
         paired_ratio([1.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="same number"):
         paired_ratio([], [])
+
+
+def test_an_attempts_time_is_split_by_the_times_on_the_log() -> None:
+    # (SJ on the log, attempt start, process start, attempt end, MJC on the log), milliseconds
+    ended = [(1_000, 1_010, 1_011, 1_012, 1_040), (1_000, 1_030, 1_030, 1_031, 1_060)]
+    spans = _spans(ended, rate=1_000.0)
+    assert spans == {"sj_to_start": 20.0, "start_to_process": 0.5, "process_to_end": 1.0,
+                     "end_to_mjc": 28.5, "in_flight": 50.0}
+    status = msgspec.json.encode({"state": "succeeded", "container_statuses": {"main": {
+        "name": "main", "timing": {"running": {"start_time": 1_011, "finish_time": 1_012}}}}})
+    assert _main_start(status.decode()) == 1_011
+    assert _main_start(None) is None
+    assert _main_start('{"container_statuses": {"main": {"timing": {}}}}') is None
+    assert _spans([], rate=1_000.0) == {}
+    note = next(a.note for a in assess({"execution": {"log_jobs_per_s": 1000.0,
+                                                      "attempt_ms": spans}})
+                if a.figure.startswith("no-op jobs/s on the log"))
+    assert "to its start in the worker 20.0" in note and "50.0 attempts in flight" in note
