@@ -177,6 +177,7 @@ class Worker:
         # one per job cost ~0.6 ms of blocking file-system calls on this machine's disk (an
         # ext4 with online discard: rmdir alone ~0.4 ms), on the event loop, for every job.
         self._free_workdirs: list[str] = []
+        self._spec_reads: dict[int, asyncio.Future[None]] = {}  # by batch: see _spec_text
         self._n_workdirs = 0
         self._attempts: dict[AttemptKey, _Attempt] = {}
         # The cores of the attempts whose process has not ended (counted, not summed over the
@@ -425,11 +426,8 @@ class Worker:
         (None, the error the MJC reports)."""
         job = attempt.job
         what = f"job {job.batch_id}/{job.job_id}"
-        # Jobs of one bunch arrive together: after the first read, the rest are in memory.
-        text = self._specs.cached(job.batch_id, job.job_id)
         try:
-            if text is None:
-                text = await asyncio.to_thread(self._specs.read, job.batch_id, job.job_id)
+            text = await self._spec_text(job.batch_id, job.job_id)
         except (OSError, ValueError) as e:  # ValueError: an undecodable bunch file
             return None, f"worker error: cannot read the spec of {what}: {type(e).__name__}: {e}"
         if text is None:
@@ -440,6 +438,26 @@ class Worker:
         except (KeyError, TypeError, ValueError) as e:  # msgspec.DecodeError is a ValueError
             return None, f"invalid job spec of {what}: {type(e).__name__}: {e}"
         return spec, None
+
+    async def _spec_text(self, batch_id: int, job_id: int) -> str | None:
+        """The job's spec from the store, one read of a batch's specs at a time.
+
+        Jobs of one bunch arrive together, and after the first read the rest are in memory:
+        the others of a delivery wait for that read instead of each reading (and decoding) the
+        same bunch in a thread of their own.
+        """
+        text = self._specs.cached(batch_id, job_id)
+        while text is None and (reading := self._spec_reads.get(batch_id)) is not None:
+            await asyncio.shield(reading)
+            text = self._specs.cached(batch_id, job_id)
+        if text is not None:
+            return text
+        done = self._spec_reads[batch_id] = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.to_thread(self._specs.read, batch_id, job_id)
+        finally:
+            del self._spec_reads[batch_id]
+            done.set_result(None)
 
     async def _execute(self, attempt: _Attempt, spec: dict[str, Any]
                        ) -> tuple[Outcome | None, str | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -115,7 +116,8 @@ class Env:
 @asynccontextmanager
 async def running(log_settings: LogSettings, tmp_path: Path, *,
                   publisher: Publisher | None = None, clock: Callable[[], int] = time_ms,
-                  store: LocalLogStore | None = None, **overrides: Any) -> AsyncIterator[Env]:
+                  store: LocalLogStore | None = None, specs: LocalSpecStore | None = None,
+                  **overrides: Any) -> AsyncIterator[Env]:
     # One partition per topic: the reader seeks each partition in turn, about 0.5 s apiece.
     log_settings = msgspec.structs.replace(log_settings, partitions=1)
     await bootstrap_topics(log_settings)
@@ -126,7 +128,8 @@ async def running(log_settings: LogSettings, tmp_path: Path, *,
         "report_retry_s": 0.05, "start_report_ms": 0, **overrides})
     options = ConsumerOptions(name="reader", topics=[TOPIC_BATCH, TOPIC_SCHEDULER], group=False)
     async with LogConsumer(log_settings, options) as consumer, aiohttp.ClientSession() as http:
-        worker = Worker(settings, log_settings, publisher=publisher, clock=clock, store=store)
+        worker = Worker(settings, log_settings, publisher=publisher, clock=clock, store=store,
+                        specs=specs)
         async with worker:
             yield Env(worker, http, consumer, log_settings)
 
@@ -558,3 +561,41 @@ async def test_the_cores_of_an_attempt_that_fails_in_the_worker_are_free_again(
         assert (await env.post(7, "a1", spec("true")))[0] == 409
         await env.settle()
     assert not env.of(JobCompleted, 2)
+
+
+class _CountingSpecStore(LocalSpecStore):
+    """Counts the reads that reach the store (a cached spec is not one)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads = 0
+
+    def read(self, batch_id: int, job_id: int) -> str | None:
+        self.reads += 1
+        time.sleep(0.05)  # a slow disk: every attempt of the delivery is waiting meanwhile
+        return super().read(batch_id, job_id)
+
+
+async def test_a_delivery_of_one_bunch_reads_the_bunch_once(log_settings: LogSettings,
+                                                            tmp_path: Path) -> None:
+    """The attempts of a delivery wait for one read of their batch's specs instead of each
+    reading the same bunch; jobs of another bunch (or without a spec) still get theirs."""
+    store = _CountingSpecStore(tmp_path / "specs")
+    store.write_bunch(BATCH, [(j, msgspec.json.encode(spec("true")).decode())
+                              for j in range(1, 41)])
+    store.write_bunch(BATCH, [(j, msgspec.json.encode(spec("false")).decode())
+                              for j in range(41, 61)])
+    jobs = [*range(1, 61), 99]  # 99: no spec anywhere
+    async with running(log_settings, tmp_path, cores_mcpu=100_000, specs=store) as env:
+        async with WorkerClient(timeout_s=5, concurrency=10) as client:
+            results = await client.deliver_many(env.worker.address, [
+                Attempt(batch_id=BATCH, job_id=j, attempt_id="a1", user="alice",
+                        cores_mcpu=1000) for j in jobs])
+        assert results == [Delivery.ACCEPTED] * len(jobs)
+        await env.wait_for(lambda evs: all(completed(j)(evs) for j in jobs))
+    states = {m.job_id: m.state for m in env.of(JobCompleted)}
+    assert states == {**{j: "Success" for j in range(1, 41)},
+                      **{j: "Failed" for j in range(41, 61)}, 99: "Error"}
+    # One read per bunch, and the missing spec's (the second bunch may be found by the
+    # read of another job of it, or by one of its own): never one per attempt.
+    assert 2 <= store.reads <= 4, store.reads
