@@ -2,6 +2,15 @@
 #   python -m services.ingest --host 0.0.0.0 --port 18400 | services.projector |
 #   services.scheduler | services.completions | services.worker | services.stack setup
 # Built by docker-compose.yml; deploy/k8s runs the same image from a registry.
+
+# The worker's process spawner (services/worker/spawner), built where a compiler is: the image
+# itself has none. The worker finds it beside the Python that runs it.
+FROM python:3.11-slim AS spawner
+RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY services/worker/spawner/hs_spawner.c /tmp/
+RUN gcc -O2 -Wall -Wextra -Werror -o /tmp/hs-spawner /tmp/hs_spawner.c
+
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -23,6 +32,7 @@ COPY core core
 COPY schemas schemas
 COPY services services
 COPY sql sql
+COPY --from=spawner /tmp/hs-spawner /usr/local/bin/hs-spawner
 # Then fail the build, rather than a page at run time, if the installed package lacks a data
 # file of the source (templates, migrations: [tool.setuptools.package-data] in pyproject.toml).
 RUN pip install --no-deps --no-compile . \

@@ -5,6 +5,8 @@ PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CC ?= cc
+SPAWNER := $(VENV)/bin/hs-spawner
 ARGS ?=
 PYTEST_ARGS ?=
 
@@ -19,13 +21,20 @@ help:
 	@echo "make test       start MariaDB if it is down, then run pytest"
 	@echo "make lint | typecheck | bench | ci"
 
-venv: $(STAMP)
+venv: $(STAMP) $(SPAWNER)
 
 # Reinstalls only when pyproject.toml is newer than the stamp (or the venv is missing).
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -e '.[dev]'
 	@touch $(STAMP)
+
+# The worker's process spawner (services/worker/spawner), beside the venv's Python where the
+# worker looks for it. Without a C compiler the worker starts its jobs with Popen instead.
+$(SPAWNER): services/worker/spawner/hs_spawner.c $(STAMP)
+	@if command -v $(CC) >/dev/null 2>&1; then \
+	  $(CC) -O2 -Wall -Wextra -Werror -o $@ $<; \
+	else echo "no C compiler ($(CC)): the worker will start its jobs with Popen"; fi
 
 # The official Hail client, in its own venv so its pins never constrain ours
 # (../shared/hail-api.md): the judge of API compatibility in tests/e2e. Its dependencies at the

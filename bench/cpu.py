@@ -4,7 +4,8 @@ A rate on this 2-core machine is bounded by the CPU each unit of work costs acro
 that touches it. This module samples ``/proc`` before and after a window and attributes CPU time
 (user + system, plus reaped children) to components by command line: the broker (tansu), its
 storage (SeaweedFS), MariaDB and each of our services; a worker's reaped children (the jobs it
-ran) are a component of their own, ``jobs (worker children)``. Only processes whose environment
+ran, or its process spawner ran: the spawner itself counts as the worker) are a component of
+their own, ``jobs (worker children)``. Only processes whose environment
 carries the stack's ``HS_DATA_DIR`` are ours, so other stacks on the machine (tests running
 beside a benchmark) are not counted; MariaDB is a shared server and is counted whole, which the
 figures say. The machine's own busy time comes from ``/proc/stat``; with it, ``ceiling_per_s``
@@ -30,6 +31,8 @@ def _component(cmdline: str) -> str | None:
         return "storage (seaweedfs)"
     if "tansu" in cmdline:
         return "broker (tansu)"
+    if cmdline.split(" ")[0].endswith("/hs-spawner"):
+        return "worker"  # starts and reaps the worker's jobs (services/worker/spawner)
     m = _SERVICE.search(cmdline)
     if m:
         return "stack cli" if m.group(1) == "stack" else m.group(1)

@@ -6,9 +6,11 @@ job did (a non-zero exit, a missing executable, a timeout, a cancellation); only
 faults of the worker itself escape.
 
 :class:`LocalProcessRuntime` runs the command as a local process in its own process group and
-ignores the image: it is the runtime of the local stack and of tests. On VMs a container runtime
-(the reference uses ``crun`` with an OCI bundle; docker would do) plugs in behind the same
-Protocol, so the worker's job logic does not change.
+ignores the image: it is the runtime of the local stack and of tests. The process is started and
+reaped by the worker's process spawner (:mod:`services.worker.spawner`, a small C helper) where
+it is built, else with ``Popen`` from the worker itself; the outcome is the same either way. On
+VMs a container runtime (the reference uses ``crun`` with an OCI bundle; docker would do) plugs
+in behind the same Protocol, so the worker's job logic does not change.
 
 The outcome follows the reference worker:
 
@@ -45,6 +47,7 @@ from typing import Any, Protocol
 import msgspec
 
 from schemas.base import CompletedJobState
+from services.worker.spawner import HelperChild, Spawner, SpawnerGone, helper_path
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -163,6 +166,10 @@ class LocalRuntimeSettings(msgspec.Struct, frozen=True, kw_only=True):
     drain_timeout_s: float = 5.0
     base_env: dict[str, str] = msgspec.field(
         default_factory=lambda: {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+    # The process spawner that starts and reaps the processes (services/worker/spawner), or
+    # None to start them with Popen from the worker itself. Default: the one built beside the
+    # venv's Python, unless HS_WORKER_SPAWNER says otherwise.
+    spawner: str | None = msgspec.field(default_factory=helper_path)
 
 
 def timeout_error(timeout_s: float) -> str:
@@ -295,6 +302,10 @@ class _Child:
     def returncode(self) -> int | None:
         return self._popen.returncode
 
+    def signal_group(self, sig: int) -> None:
+        """Signal the process group (its leader unreaped: the pid is still ours)."""
+        _killpg(self.pid, sig)
+
     def ended(self) -> None:
         """The process has ended: collect its return code (waitpid returns at once)."""
         self._resolve(self._popen.wait())
@@ -361,19 +372,26 @@ class LocalProcessRuntime:
                    loop: asyncio.AbstractEventLoop) -> Outcome:
         """Start the process with ``out_fd`` as its output (a pipe's write end, closed here
         once the child has it, when ``closed`` is the pipe reader's end-of-file)."""
+        proc: _Child | HelperChild | None = None
         try:
-            popen = _spawn(request, self._env(request), out_fd)
+            env = self._env(request)
+            if self._settings.spawner is not None:
+                proc = Spawner.for_loop(loop, self._settings.spawner).start(
+                    request.command, env, request.cwd, out_fd)
+            if proc is None:  # no spawner, or a request too big for it
+                proc = _Child(_spawn(request, env, out_fd), loop)
         except OSError as e:
             message, short = _start_failure(request.command[0], e)
             return self._start_error(start, message, short, log)
         finally:
             if closed is not None:
                 os.close(out_fd)
-        return await self._supervise(_Child(popen, loop), request, start, closed)
+        return await self._supervise(proc, request, start, closed, log)
 
-    async def _supervise(self, proc: _Child, request: RunRequest, start: int,
-                         closed: asyncio.Future[None] | None) -> Outcome:
+    async def _supervise(self, proc: _Child | HelperChild, request: RunRequest, start: int,
+                         closed: asyncio.Future[None] | None, log: LogSink) -> Outcome:
         timed_out = cancelled = False
+        not_started: OSError | None = None
         try:
             try:
                 async with asyncio.timeout(request.timeout_s):
@@ -386,8 +404,11 @@ class LocalProcessRuntime:
             _uncancel()
             # A second cancel must not leave the process behind: finish the kill regardless.
             await asyncio.shield(self._kill(proc))
+        except OSError as e:  # the spawner's exec failed (or the spawner ended)
+            not_started = e
         finally:
-            _killpg(proc.pid, signal.SIGKILL)  # whatever the leader left in its group
+            if proc.pid is not None:
+                _killpg(proc.pid, signal.SIGKILL)  # whatever the leader left in its group
         if closed is not None:
             try:
                 async with asyncio.timeout(self._settings.drain_timeout_s):
@@ -398,7 +419,15 @@ class LocalProcessRuntime:
                 cancelled = True
                 _uncancel()
         end = self._clock()
-        assert proc.returncode is not None
+        if proc.returncode is None:  # it never ran (the spawner's exec failed)
+            if cancelled and not_started is None:
+                return Outcome(state="Cancelled", start_time_ms=start, end_time_ms=end)
+            failure = not_started or _exec_failure(proc)
+            if isinstance(failure, SpawnerGone):
+                return self._start_error(start, f"worker error: {failure.strerror}",
+                                         "worker error", log)
+            message, short = _start_failure(request.command[0], failure)
+            return self._start_error(start, message, short, log)
         code = exit_code_of(proc.returncode)
         if cancelled:
             return Outcome(state="Cancelled", exit_code=code, start_time_ms=start,
@@ -411,17 +440,20 @@ class LocalProcessRuntime:
         return Outcome(state="Success" if code == 0 else "Failed", exit_code=code,
                        start_time_ms=start, end_time_ms=end)
 
-    async def _kill(self, proc: _Child) -> None:
+    async def _kill(self, proc: _Child | HelperChild) -> None:
         """SIGTERM the process group, then SIGKILL it if the leader outlives the grace period."""
         if proc.returncode is None and not proc.exited.done():
-            _killpg(proc.pid, signal.SIGTERM)
+            proc.signal_group(signal.SIGTERM)
             try:
                 async with asyncio.timeout(self._settings.kill_grace_s):
                     await proc.wait()
             except TimeoutError:
-                _killpg(proc.pid, signal.SIGKILL)
+                proc.signal_group(signal.SIGKILL)
                 await proc.wait()
-        _killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                return  # it never started
+        if proc.pid is not None:
+            _killpg(proc.pid, signal.SIGKILL)
 
 
 def _spawn(request: RunRequest, env: dict[str, str], out_fd: int) -> subprocess.Popen[bytes]:
@@ -469,7 +501,13 @@ def _uncancel() -> None:
         task.uncancel()
 
 
-def _killpg(pgid: int, sig: signal.Signals) -> None:
+def _exec_failure(proc: _Child | HelperChild) -> OSError:
+    """Why a process that never ran did not (its ``exited`` holds the error)."""
+    error = proc.exited.exception() if proc.exited.done() else None
+    return error if isinstance(error, OSError) else OSError("the process never started")
+
+
+def _killpg(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 

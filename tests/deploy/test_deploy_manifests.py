@@ -70,7 +70,13 @@ def test_dockerfile_builds_the_project_as_a_non_root_user() -> None:
     lines = [ln.split() for ln in (checks.REPO / "Dockerfile").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     instructions = [(words[0], words[1:]) for words in lines if words[0].isupper()]
-    assert instructions[0] == ("FROM", ["python:3.11-slim"])
+    stages = [args for op, args in instructions if op == "FROM"]
+    assert {args[0] for args in stages} == {"python:3.11-slim"}
+    assert stages[-1] == ["python:3.11-slim"]  # the image itself: no compiler in it
+    # The worker's process spawner, compiled in a stage of its own, beside the image's Python
+    # (where services.worker.spawner.helper_path looks).
+    assert ("COPY", ["--from=spawner", "/tmp/hs-spawner", "/usr/local/bin/hs-spawner"]) in (
+        instructions)
     user = [args for op, args in instructions if op == "USER"][-1][0]
     uid = int(user.split(":")[0])
     assert uid != 0

@@ -1,0 +1,255 @@
+"""The worker's side of ``hs-spawner``: job processes started and reaped by a small C helper.
+
+Starting a no-op job from the worker's Python cost more than the job itself: ``Popen``'s own
+code, a ``vfork`` of a process the worker's size (its loop blocked until the child has exec'd),
+a pidfd, its epoll registration and a ``waitpid``. The helper (``hs_spawner.c``, built by
+``make venv`` next to the venv's Python) starts each process with ``posix_spawn`` from a process
+of a few hundred kilobytes, waits for all of them through one ``signalfd``, and tells the worker
+over one ``SOCK_SEQPACKET`` socket: a start is one ``sendmsg`` (the job's output descriptor
+travels with it), its answer and its end one short packet each, read together by one loop
+reader.
+
+One helper per event loop, started with the loop's first job and kept while the loop runs. If
+it dies, the jobs it was running are killed and fail (their end could no longer be known) and
+the next start starts a new one. Where it is not built, or with ``HS_WORKER_SPAWNER=off``, the
+runtime starts processes with ``Popen`` as before (:func:`helper_path`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HELPER_NAME = "hs-spawner"
+HELPER_ENV = "HS_WORKER_SPAWNER"
+"""The helper's path, or ``off`` for ``Popen``; unset: :data:`HELPER_NAME` beside the Python
+that runs the worker, where ``make venv`` builds it."""
+
+MAX_REQUEST = 64 * 1024
+"""The largest start request sent (a packet must fit the socket's buffer, 208 KiB by default;
+the helper reads up to 1 MiB). Linux execs up to 2 MiB of arguments and environment: a bigger
+job starts with ``Popen``."""
+
+_REPLY = struct.Struct("=cQi")
+_SPAWN = struct.Struct("=cQII")
+_KILL = struct.Struct("=cQi")
+
+
+def helper_path(env: Mapping[str, str] | None = None) -> str | None:
+    """The helper to use, or None for ``Popen`` (switched off, or not built here)."""
+    env = os.environ if env is None else env
+    given = env.get(HELPER_ENV, "")
+    if given == "off":
+        return None
+    path = given or str(Path(sys.executable).parent / HELPER_NAME)
+    return path if os.access(path, os.X_OK) else None
+
+
+class SpawnerGone(OSError):
+    """The helper ended: what it was starting or watching is unknown."""
+
+
+class HelperChild:
+    """A process the helper starts: its pid once started, and a future of its return code (as
+    Popen's: the exit code, or minus the signal that killed it), or of the OSError that kept it
+    from starting (or :class:`SpawnerGone`)."""
+
+    def __init__(self, spawner: Spawner, key: int, argv0: str,
+                 exited: asyncio.Future[int]) -> None:
+        self._spawner = spawner
+        self._key = key
+        self.argv0 = argv0
+        self.pid: int | None = None
+        self.exited = exited
+
+    @property
+    def returncode(self) -> int | None:
+        if self.exited.done() and not self.exited.cancelled() and self.exited.exception() is None:
+            return self.exited.result()
+        return None
+
+    async def wait(self) -> int:
+        """The return code once the process ended; cancelling the wait leaves it running.
+        OSError if it never started."""
+        return await asyncio.shield(self.exited)
+
+    def signal_group(self, sig: int) -> None:
+        """Signal the process group through the helper, which does so only while it has not
+        reaped the leader (a pid it reaped may be reused). Sent before its start is answered,
+        it still comes after the start: the helper reads its socket in order."""
+        self._spawner.signal_group(self._key, sig)
+
+
+class Spawner:
+    """One helper process and the jobs it started, for one event loop."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Spawner] = (
+        weakref.WeakKeyDictionary())
+    _open: set[Spawner] = set()  # until closed: a helper is waited for, never just dropped
+
+    @classmethod
+    def for_loop(cls, loop: asyncio.AbstractEventLoop, path: str) -> Spawner:
+        spawner = cls._by_loop.get(loop)
+        if spawner is None or spawner._closed:
+            spawner = cls._by_loop[loop] = cls(loop, path)
+        return spawner
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, path: str) -> None:
+        self._loop = loop
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._proc = subprocess.Popen(
+                [path, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, start_new_session=True)
+        except BaseException:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
+        mine.setblocking(False)
+        self._sock = mine
+        self._closed = False
+        self._next = 0
+        self._children: dict[int, HelperChild] = {}  # started or starting, by key
+        self._outgoing: collections.deque[tuple[bytes, list[int]]] = collections.deque()
+        loop.add_reader(mine.fileno(), self._on_readable)
+        self._open.add(self)
+
+    @classmethod
+    def close_all(cls) -> None:
+        """End every helper (as :meth:`close`): for a process that stops running jobs, and for
+        tests, whose event loops come and go."""
+        for spawner in list(cls._open):
+            spawner.close()
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str,
+              out_fd: int) -> HelperChild | None:
+        """Have ``argv`` started in ``cwd`` with ``env``, ``out_fd`` as its stdout and stderr
+        (the helper holds its own copy once this returns). The child's ``exited`` says how it
+        ended, or holds the OSError its exec raised. None for a command and environment too
+        big for one packet (:data:`MAX_REQUEST`): start that one some other way."""
+        if self._closed:
+            raise SpawnerGone(errno.EPIPE, "the process spawner has ended")
+        self._next += 1
+        key = self._next
+        strings = [cwd, *argv, *(f"{k}={v}" for k, v in env.items())]
+        if any("\0" in s for s in strings):
+            raise ValueError("embedded null byte")  # as Popen says it
+        payload = _SPAWN.pack(b"S", key, len(argv), len(env)) + b"".join(
+            os.fsencode(s) + b"\0" for s in strings)
+        if len(payload) > MAX_REQUEST:
+            return None
+        child = HelperChild(self, key, argv[0], self._loop.create_future())
+        self._children[key] = child
+        self._send(payload, [out_fd])
+        return child
+
+    def signal_group(self, key: int, sig: int) -> None:
+        if not self._closed and key in self._children:
+            self._send(_KILL.pack(b"K", key, sig), [])
+
+    # --- the socket ---------------------------------------------------------------------------
+    def _send(self, payload: bytes, fds: list[int]) -> None:
+        if not self._outgoing:
+            try:
+                socket.send_fds(self._sock, [payload], fds)
+                return
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                self._gone(e)
+                return
+            # The helper is behind: keep the descriptors until they are sent.
+            self._loop.add_writer(self._sock.fileno(), self._flush)
+        self._outgoing.append((payload, [os.dup(fd) for fd in fds]))
+
+    def _flush(self) -> None:
+        while self._outgoing:
+            payload, fds = self._outgoing[0]
+            try:
+                socket.send_fds(self._sock, [payload], fds)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._gone(e)
+                return
+            self._outgoing.popleft()
+            for fd in fds:
+                os.close(fd)
+        self._loop.remove_writer(self._sock.fileno())
+
+    def _on_readable(self) -> None:
+        recv, unpack, children = self._sock.recv, _REPLY.unpack, self._children
+        while True:
+            try:
+                data = recv(64)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                self._gone(e)
+                return
+            if not data:
+                self._gone(None)
+                return
+            kind, key, value = unpack(data)
+            if kind == b"P":
+                children[key].pid = value
+                continue
+            child = children.pop(key)
+            if kind == b"X":
+                child.exited.set_result(os.waitstatus_to_exitcode(value))
+            else:
+                child.exited.set_exception(OSError(value, os.strerror(value), child.argv0))
+
+    def _gone(self, error: BaseException | None, *, closing: bool = False) -> None:
+        """The helper ended (or its socket failed): fail what it was doing, and stop."""
+        if self._closed:
+            return
+        self._closed = True
+        self._open.discard(self)
+        if self._by_loop.get(self._loop) is self:
+            del self._by_loop[self._loop]
+        code = self._proc.poll()
+        if self._children or not closing:
+            log.error("the process spawner ended (exit code %s, %s): %d jobs lost", code,
+                      error, len(self._children))
+        for child in self._children.values():
+            if child.pid is not None:  # nobody could tell of its end: it must not outlive this
+                with contextlib.suppress(OSError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            child.exited.set_exception(SpawnerGone(
+                errno.EPIPE, f"the process spawner ended (exit code {code}) while the job ran; "
+                "its processes were killed", child.argv0))
+        self._children.clear()
+        if not self._loop.is_closed():
+            self._loop.remove_reader(self._sock.fileno())
+            if self._outgoing:
+                self._loop.remove_writer(self._sock.fileno())
+        for _, fds in self._outgoing:
+            for fd in fds:
+                os.close(fd)
+        self._outgoing.clear()
+        self._sock.close()
+        try:
+            self._proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+    def close(self) -> None:
+        """End the helper; jobs it still runs are killed and fail (:class:`SpawnerGone`)."""
+        self._gone(None, closing=True)

@@ -1,0 +1,131 @@
+"""The job-process spawner (services/worker/spawner) beyond what every runtime test runs it
+through: its end, a cancel before it answered, a full socket, and where it is found."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.worker.runtime import (
+    LocalProcessRuntime,
+    LocalRuntimeSettings,
+    MemoryLogSink,
+    RunRequest,
+)
+from services.worker.spawner import HELPER_ENV, HELPER_NAME, Spawner, helper_path
+
+pytestmark = pytest.mark.integration
+
+HELPER = str(Path(sys.executable).parent / HELPER_NAME)
+
+
+@pytest.fixture(autouse=True)
+def built() -> None:
+    assert os.access(HELPER, os.X_OK), f"{HELPER} is not built: run make venv"
+
+
+def _runtime() -> LocalProcessRuntime:
+    return LocalProcessRuntime(LocalRuntimeSettings(spawner=HELPER, kill_grace_s=1.0))
+
+
+def _spawner() -> Spawner:
+    return Spawner.for_loop(asyncio.get_running_loop(), HELPER)
+
+
+async def test_a_spawner_that_ends_fails_its_jobs_and_the_next_run_starts_another(
+        tmp_path: Path) -> None:
+    runtime = _runtime()
+    running = asyncio.create_task(runtime.run(
+        RunRequest(command=["sleep", "30"], cwd=str(tmp_path)), MemoryLogSink()))
+    spawner = _spawner()
+    for _ in range(500):  # until the spawner says it started
+        if any(c.pid for c in spawner._children.values()):
+            break
+        await asyncio.sleep(0.01)
+    [child] = spawner._children.values()
+    assert child.pid is not None
+    os.kill(spawner._proc.pid, signal.SIGKILL)
+    outcome = await asyncio.wait_for(running, 10)
+    assert outcome.state == "Error" and outcome.short_error == "worker error"
+    assert outcome.error is not None and "the process spawner ended" in outcome.error
+    with pytest.raises(ProcessLookupError):  # killed, not left behind unwatched
+        for _ in range(100):
+            os.killpg(child.pid, 0)
+            await asyncio.sleep(0.02)
+    again = await runtime.run(RunRequest(command=["sh", "-c", "exit 3"], cwd=str(tmp_path)),
+                              MemoryLogSink())
+    assert again.state == "Failed" and again.exit_code == 3
+    assert _spawner() is not spawner
+
+
+async def test_a_cancel_before_the_start_is_answered_still_kills_the_process(
+        tmp_path: Path) -> None:
+    runtime = _runtime()
+    spawner = _spawner()
+    os.kill(spawner._proc.pid, signal.SIGSTOP)  # the start waits in the socket, unanswered
+    try:
+        running = asyncio.create_task(runtime.run(
+            RunRequest(command=["sleep", "30"], cwd=str(tmp_path)), MemoryLogSink()))
+        await asyncio.sleep(0.05)
+        [child] = spawner._children.values()
+        assert child.pid is None
+        running.cancel()
+        await asyncio.sleep(0.05)
+    finally:
+        os.kill(spawner._proc.pid, signal.SIGCONT)
+    outcome = await asyncio.wait_for(running, 10)
+    assert outcome.state == "Cancelled"
+    # The kill went after the start: the spawner reaped the process, and knows of no other.
+    assert child.exited.done() and child.returncode == -signal.SIGTERM
+    assert spawner._children == {}
+
+
+async def test_starts_wait_in_the_worker_while_the_spawners_socket_is_full(
+        tmp_path: Path) -> None:
+    runtime = _runtime()
+    spawner = _spawner()
+    os.kill(spawner._proc.pid, signal.SIGSTOP)
+    try:
+        runs = [asyncio.create_task(runtime.run(
+            RunRequest(command=["sh", "-c", f"exit {i % 7}"], cwd=str(tmp_path)),
+            MemoryLogSink())) for i in range(1_500)]
+        await asyncio.sleep(0.2)
+        assert spawner._outgoing  # some did not fit in the socket
+    finally:
+        os.kill(spawner._proc.pid, signal.SIGCONT)
+    outcomes = await asyncio.wait_for(asyncio.gather(*runs), 120)
+    assert [o.exit_code for o in outcomes] == [i % 7 for i in range(1_500)]
+    assert not spawner._outgoing and spawner._children == {}
+
+
+def test_the_spawner_is_found_beside_python_unless_switched_off(tmp_path: Path) -> None:
+    assert helper_path({}) == HELPER
+    assert helper_path({HELPER_ENV: "off"}) is None
+    assert helper_path({HELPER_ENV: str(tmp_path / "missing")}) is None
+    other = tmp_path / "spawner"
+    other.write_bytes(Path(HELPER).read_bytes())
+    other.chmod(0o755)
+    assert helper_path({HELPER_ENV: str(other)}) == str(other)
+    assert LocalRuntimeSettings().spawner == helper_path()
+
+
+async def test_a_job_too_big_for_one_request_starts_without_the_spawner(tmp_path: Path) -> None:
+    """Linux execs up to 2 MiB of arguments and environment (128 KiB a string); one request
+    to the spawner holds up to 64 KiB."""
+    big = "x" * 100_000  # a single string may be at most 128 KiB
+    outcome_log = MemoryLogSink()
+    outcome = await _runtime().run(RunRequest(
+        command=["sh", "-c", 'echo ${#BIG} "$0" $$ $PPID', "argument"], env={"BIG": big},
+        cwd=str(tmp_path)), outcome_log)
+    assert outcome.state == "Success"
+    length, arg0, _, parent = outcome_log.getvalue().decode().split()
+    assert (length, arg0) == ("100000", "argument")
+    assert int(parent) == os.getpid()  # started here, not by the spawner
+    small = MemoryLogSink()
+    await _runtime().run(RunRequest(command=["sh", "-c", "echo $PPID"], cwd=str(tmp_path)), small)
+    assert int(small.getvalue()) == _spawner()._proc.pid
