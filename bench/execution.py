@@ -45,6 +45,7 @@ from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
 from services.common.settings import LogSettings, load_settings
 from services.stack.config import SEAWEED_PORT_SPAN
 from services.worker.runtime import FileLogSink, LocalProcessRuntime, RunRequest
+from services.worker.spawner import Spawner
 
 IDLE_S = 5.0
 """How long the stack is watched doing nothing, before the run."""
@@ -52,8 +53,9 @@ IDLE_S = 5.0
 
 async def _spawn_rate(n: int, concurrency: int) -> float:
     """``true`` processes started and reaped per second with ``concurrency`` in flight, by the
-    worker's own runtime (:class:`LocalProcessRuntime`, output to a log file), so the ceiling
-    is what a no-op job costs the worker at least."""
+    worker's own runtime (:class:`LocalProcessRuntime`, output to a log file, through the
+    worker's process spawner where it is built), so the ceiling is what a no-op job costs the
+    worker at least."""
     limit = asyncio.Semaphore(concurrency)
     runtime = LocalProcessRuntime()
     logs = Path(tempfile.mkdtemp(prefix="hs-bench-spawn-"))
@@ -71,6 +73,7 @@ async def _spawn_rate(n: int, concurrency: int) -> float:
         await asyncio.gather(*(one(i) for i in range(n)))
         return n / (time.perf_counter() - t0)
     finally:
+        Spawner.close_all()  # the runtime's process spawner, started for this loop
         shutil.rmtree(logs, ignore_errors=True)
 
 
