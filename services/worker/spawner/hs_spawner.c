@@ -93,8 +93,9 @@ static struct child *find_id(uint64_t id) {
     return NULL;
 }
 
-/* The executable for `name` as execvp finds it, in the PATH of the child's environment. */
-static int resolve(const char *name, char **env, char *out, size_t size) {
+/* The executable for `name` as execvp finds it, in the PATH of the child's environment; a
+ * relative entry of that PATH (or an empty one: the current directory) is the job's `cwd`'s. */
+static int resolve(const char *name, char **env, const char *cwd, char *out, size_t size) {
     if (strchr(name, '/')) {
         if (strlen(name) >= size)
             return ENAMETOOLONG;
@@ -112,10 +113,15 @@ static int resolve(const char *name, char **env, char *out, size_t size) {
         size_t len = end ? (size_t)(end - p) : strlen(p);
         const char *dir = len ? p : ".";
         size_t dlen = len ? len : 1;
-        if (dlen + 1 + n < size) {
-            memcpy(out, dir, dlen);
-            out[dlen] = '/';
-            memcpy(out + dlen + 1, name, n + 1);
+        size_t clen = dir[0] == '/' ? 0 : strlen(cwd) + 1;
+        if (clen + dlen + 1 + n < size) {
+            if (clen) {
+                memcpy(out, cwd, clen - 1);
+                out[clen - 1] = '/';
+            }
+            memcpy(out + clen, dir, dlen);
+            out[clen + dlen] = '/';
+            memcpy(out + clen + dlen + 1, name, n + 1);
             struct stat st;
             if (stat(out, &st) == 0 && S_ISREG(st.st_mode)) {
                 if (access(out, X_OK) == 0)
@@ -167,7 +173,7 @@ static void spawn(const char *body, size_t size, int out_fd) {
     char **argv = strings, **env = strings + argc + 1;
 
     char path[4096];
-    int err = resolve(argv[0], env, path, sizeof path);
+    int err = resolve(argv[0], env, cwd, path, sizeof path);
     if (err == 0) {
         posix_spawn_file_actions_t actions;
         posix_spawnattr_t attr;

@@ -395,3 +395,13 @@ async def test_stdin_is_empty_and_runs_leave_no_descriptor_behind(
         kept = _descriptors() - before
         assert {os.readlink(f"/proc/self/fd/{fd}").split(":")[0] for fd in kept} <= kinds
         assert len(kept) <= most
+
+
+async def test_a_relative_path_entry_is_the_working_directorys(tmp_path: Path) -> None:
+    """As execvp in the job's directory: ``bin`` in PATH is ``<cwd>/bin``, not the worker's."""
+    (tmp_path / "bin").mkdir()
+    tool = tmp_path / "bin" / "hs-relative-tool"
+    tool.write_text("#!/bin/sh\necho relative\n")
+    tool.chmod(0o755)
+    outcome, log = await _run(["hs-relative-tool"], tmp_path, env={"PATH": "/nowhere:bin"})
+    assert outcome.state == "Success" and log == b"relative\n"
