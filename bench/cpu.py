@@ -31,8 +31,6 @@ def _component(cmdline: str) -> str | None:
         return "storage (seaweedfs)"
     if "tansu" in cmdline:
         return "broker (tansu)"
-    if cmdline.split(" ")[0].endswith("/hs-spawner"):
-        return "worker"  # starts and reaps the worker's jobs (services/worker/spawner)
     m = _SERVICE.search(cmdline)
     if m:
         return "stack cli" if m.group(1) == "stack" else m.group(1)
@@ -65,25 +63,45 @@ def processes(marker: bytes) -> dict[tuple[int, bool], tuple[str, float]]:
     has ``marker`` (``HS_DATA_DIR=...`` of a stack, say), and MariaDB's; a process's reaped
     children count as it does, except a worker's (:data:`JOBS`)."""
     out: dict[tuple[int, bool], tuple[str, float]] = {}
+    spawners: list[str] = []  # a worker's process spawner has an empty environment: by parent
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            if cmdline.split(" ")[0].endswith("/hs-spawner"):
+                spawners.append(entry)
+                continue
             component = _component(cmdline)
             if component is None:
                 continue
             if component != "mariadb (shared)" and not _ours(entry, marker):
                 continue
-            own, children = _proc_cpu(entry)
-            if component == "worker":
-                out[(int(entry), False)] = (component, own)
-                out[(int(entry), True)] = (JOBS, children)
-            else:
-                out[(int(entry), False)] = (component, own + children)
+            _count(out, entry, component)
         except (OSError, ValueError):
             continue  # exited while we looked
+    workers = {pid for (pid, _), (component, _) in out.items() if component == "worker"}
+    for entry in spawners:
+        try:
+            if _parent(entry) in workers:
+                _count(out, entry, "worker")  # it starts and reaps the worker's jobs
+        except (OSError, ValueError):
+            continue
     return out
+
+
+def _count(out: dict[tuple[int, bool], tuple[str, float]], pid: str, component: str) -> None:
+    own, children = _proc_cpu(pid)
+    if component == "worker":
+        out[(int(pid), False)] = (component, own)
+        out[(int(pid), True)] = (JOBS, children)
+    else:
+        out[(int(pid), False)] = (component, own + children)
+
+
+def _parent(pid: str) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
 
 
 def machine_busy() -> tuple[float, float]:

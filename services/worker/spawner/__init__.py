@@ -112,8 +112,10 @@ class Spawner:
         self._loop = loop
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            # Nothing of the worker's environment (it may hold credentials): each job gets
+            # the environment its start request gives.
             self._proc = subprocess.Popen(
-                [path, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                [path, str(theirs.fileno())], pass_fds=[theirs.fileno()], env={},
                 stdin=subprocess.DEVNULL, start_new_session=True)
         except BaseException:
             mine.close()

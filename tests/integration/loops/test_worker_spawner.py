@@ -129,3 +129,11 @@ async def test_a_job_too_big_for_one_request_starts_without_the_spawner(tmp_path
     small = MemoryLogSink()
     await _runtime().run(RunRequest(command=["sh", "-c", "echo $PPID"], cwd=str(tmp_path)), small)
     assert int(small.getvalue()) == _spawner()._proc.pid
+
+
+async def test_the_spawner_gets_nothing_of_the_workers_environment(tmp_path: Path) -> None:
+    """The worker's environment may hold credentials; a job gets only what its request says."""
+    outcome = await _runtime().run(RunRequest(command=["true"], cwd=str(tmp_path)),
+                                   MemoryLogSink())
+    assert outcome.state == "Success"
+    assert Path(f"/proc/{_spawner()._proc.pid}/environ").read_bytes() == b""
