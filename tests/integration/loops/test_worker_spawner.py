@@ -136,4 +136,8 @@ async def test_the_spawner_gets_nothing_of_the_workers_environment(tmp_path: Pat
     outcome = await _runtime().run(RunRequest(command=["true"], cwd=str(tmp_path)),
                                    MemoryLogSink())
     assert outcome.state == "Success"
-    assert Path(f"/proc/{_spawner()._proc.pid}/environ").read_bytes() == b""
+    assert _environ(_spawner()._proc.pid) == b""
+
+
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
