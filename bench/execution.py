@@ -211,6 +211,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
         while True:
             status = _status(url, token, big["id"])
             if status["complete"]:
+                seen = time.time()  # the API reports it complete (polled every 0.5 s)
                 break
             if not halves and n_jobs // 2 <= status["n_completed"] < n_jobs:
                 half_done = status["n_completed"]
@@ -237,6 +238,11 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             "submit_seconds": round(big["seconds"], 2),
             "end_to_end_seconds": round(elapsed, 2),
             "noop_jobs_per_s": round(n_jobs / elapsed, 1),
+            # To the API reporting the batch complete: the projection caught up with the log.
+            # The batch's completion time is its last MJC's; a projector that falls behind the
+            # jobs (the local stack's runs at nice 15) shows it complete later.
+            "visible_seconds": round(seen - big["started_at"], 2),
+            "noop_jobs_per_s_visible": round(n_jobs / (seen - big["started_at"]), 1),
             "run_jobs_per_s_after_submit": round(n_jobs / max(elapsed - big["seconds"], 1e-9),
                                                  1),
             "log_jobs_per_s": round(log_rate, 1),

@@ -87,13 +87,20 @@ def _status_ratio(results: Mapping[str, Mapping[str, Any]], n: int | None, prefi
 def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
     """Every target, judged from ``results`` (scenario -> figures) where they have the figure."""
     out: list[Assessment] = []
-    rate = _get(results, "execution", "noop_jobs_per_s")
+    completed = _get(results, "execution", "noop_jobs_per_s")
+    visible = _get(results, "execution", "noop_jobs_per_s_visible")
+    # Judged to the API reporting the batch complete where the run measured it (the lower).
+    rate = completed if visible is None else min(completed, visible)
     jobs = _get(results, "execution", "jobs")
     spawn = _get(results, "execution", "spawn_per_s_16_concurrent")
     if rate is None:
         out.append(Assessment("no-op jobs/s end to end", "-", ">= 1000 (100,000 jobs)", None))
     else:
-        note = f"at {jobs:,} jobs; process-spawn ceiling {spawn}/s (16 concurrent)"
+        note = f"at {jobs:,} jobs"
+        if visible is not None:
+            note += (f", to the API reporting the batch complete; {completed}/s to its "
+                     f"completion time (its last MJC)")
+        note += f"; process-spawn ceiling {spawn}/s (16 concurrent)"
         note += _cpu_note(results, "execution", "job")
         if jobs < 100_000:
             note += "; the target's batch is 100,000"

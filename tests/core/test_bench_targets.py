@@ -286,3 +286,18 @@ def test_an_attempts_time_is_split_by_the_times_on_the_log() -> None:
                                                       "attempt_ms": spans}})
                 if a.figure.startswith("no-op jobs/s on the log"))
     assert "to its start in the worker 20.0" in note and "50.0 attempts in flight" in note
+
+
+def test_end_to_end_is_judged_to_the_api_reporting_the_batch_complete() -> None:
+    """A projector behind the jobs shows the batch complete later than its last MJC: the rate
+    judged is the lower of the two, and both are in the note."""
+    execution = {"noop_jobs_per_s": 1300.0, "noop_jobs_per_s_visible": 990.0, "jobs": 100_000,
+                 "spawn_per_s_16_concurrent": 2000}
+    [judged] = [a for a in assess({"execution": execution})
+                if a.figure == "no-op jobs/s end to end"]
+    assert (judged.measured, judged.met) == ("990.0", False)
+    assert "1300.0/s to its completion time" in judged.note
+    execution["noop_jobs_per_s_visible"] = 1250.0
+    [judged] = [a for a in assess({"execution": execution})
+                if a.figure == "no-op jobs/s end to end"]
+    assert (judged.measured, judged.met) == ("1250.0", True)
