@@ -306,6 +306,10 @@ class _Child:
         """Signal the process group (its leader unreaped: the pid is still ours)."""
         _killpg(self.pid, sig)
 
+    def sweep(self) -> None:
+        """Kill whatever is left in the process group (its leader has ended, or must)."""
+        _killpg(self.pid, signal.SIGKILL)
+
     def ended(self) -> None:
         """The process has ended: collect its return code (waitpid returns at once)."""
         self._resolve(self._popen.wait())
@@ -407,8 +411,7 @@ class LocalProcessRuntime:
         except OSError as e:  # the spawner's exec failed (or the spawner ended)
             not_started = e
         finally:
-            if proc.pid is not None:
-                _killpg(proc.pid, signal.SIGKILL)  # whatever the leader left in its group
+            proc.sweep()  # whatever the leader left in its group
         if closed is not None:
             try:
                 async with asyncio.timeout(self._settings.drain_timeout_s):
@@ -452,8 +455,7 @@ class LocalProcessRuntime:
                 await proc.wait()
             except OSError:
                 return  # it never started
-        if proc.pid is not None:
-            _killpg(proc.pid, signal.SIGKILL)
+        proc.sweep()
 
 
 def _spawn(request: RunRequest, env: dict[str, str], out_fd: int) -> subprocess.Popen[bytes]:

@@ -93,6 +93,12 @@ class HelperChild:
         it still comes after the start: the helper reads its socket in order."""
         self._spawner.signal_group(self._key, sig)
 
+    def sweep(self) -> None:
+        """Kill whatever is left in the process group: the helper did so when it reaped the
+        leader (no pid of it could be reused yet); before that, through the helper."""
+        if not self.exited.done():
+            self.signal_group(signal.SIGKILL)
+
 
 class Spawner:
     """One helper process and the jobs it started, for one event loop."""

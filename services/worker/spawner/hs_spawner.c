@@ -15,7 +15,8 @@
  * Replies (one packet each):
  *   'P' u64 id, i32 pid      started
  *   'E' u64 id, i32 errno    not started (the command not found, not executable, ...)
- *   'X' u64 id, i32 status   ended (the wait status, as waitpid gives it)
+ *   'X' u64 id, i32 status   ended (the wait status, as waitpid gives it); whatever else was
+ *                            left in its process group has been sent SIGKILL
  * The worker's end of the socket closing (the worker exited) ends this process; its children
  * are left running in their own sessions, as the worker's shutdown kills what it must first.
  *
@@ -228,6 +229,9 @@ static void reap(void) {
             if (children[i].pid == pid) {
                 uint64_t id = children[i].id;
                 children[i] = children[--n_children];
+                /* The group dies with its leader, killed here at once: while any of its
+                 * processes lives, the group's id (the leader's pid) cannot be reused. */
+                kill(-pid, SIGKILL);
                 reply('X', id, status);
                 break;
             }

@@ -141,3 +141,39 @@ async def test_the_spawner_gets_nothing_of_the_workers_environment(tmp_path: Pat
 
 def _environ(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+async def test_the_spawner_kills_the_group_when_it_reaps_its_leader(tmp_path: Path) -> None:
+    """Nothing of the worker's needed: by the time the worker hears of the end, the group is
+    gone (a pid the spawner reaped could otherwise be reused before the worker's own kill)."""
+    out = tmp_path / "out"
+    fd = _create(out)
+    try:
+        child = _spawner().start(["sh", "-c", "sleep 30 & echo $!"], {"PATH": "/usr/bin:/bin"},
+                                 str(tmp_path), fd)
+    finally:
+        os.close(fd)
+    assert child is not None
+    assert await asyncio.wait_for(child.wait(), 10) == 0
+    left = int(_read(out))
+    for _ in range(100):  # SIGKILL is sent; the kernel takes a moment to end it
+        if not _alive(left):
+            break
+        await asyncio.sleep(0.01)
+    assert not _alive(left)
+
+
+def _create(path: Path) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
