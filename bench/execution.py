@@ -43,7 +43,7 @@ from schemas.execution import JobCompleted, JobScheduled, JobsCompleted, JobsSch
 from services.common import procs
 from services.common.log import ConsumerOptions, LogConsumer, high_watermarks
 from services.common.settings import LogSettings, load_settings
-from services.stack.config import SEAWEED_PORT_SPAN
+from services.stack.config import SEAWEED_PORT_SPAN, SERVICE_PORT_SPAN
 from services.worker.runtime import FileLogSink, LocalProcessRuntime, RunRequest
 from services.worker.spawner import Spawner
 
@@ -176,7 +176,9 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
     spawn_16 = asyncio.run(_spawn_rate(2_000, 16))
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-exec-"))
     db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
-    service_port = procs.free_port()
+    # A free block below the ephemeral range: a single free port's neighbours (the
+    # services' other ports) may be any outgoing connection's by the time they bind.
+    service_port = procs.free_port_block(SERVICE_PORT_SPAN)
     env = {**os.environ, "HS_DATA_DIR": str(tmp),
            "HS_KAFKA_BOOTSTRAP": f"127.0.0.1:{procs.free_port()}",
            "HS_STACK_SEAWEED_BASE_PORT": str(procs.free_port_block(SEAWEED_PORT_SPAN)),

@@ -30,7 +30,7 @@ from schemas.execution import JobScheduled, JobsScheduled
 from services.audit.history import load_batch
 from services.common import procs
 from services.common.settings import load_settings
-from services.stack.config import SEAWEED_PORT_SPAN
+from services.stack.config import SEAWEED_PORT_SPAN, SERVICE_PORT_SPAN
 
 REPO = Path(__file__).resolve().parents[1]
 HAIL_PYTHON = REPO / ".venv-hail" / "bin" / "python"
@@ -186,7 +186,9 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
     # First, on the idle machine: the client's own ceiling for the same batch.
     alone = client_alone(n_jobs, tmp)
     db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
-    service_port = procs.free_port()
+    # A free block below the ephemeral range: a single free port's neighbours (the
+    # services' other ports) may be any outgoing connection's by the time they bind.
+    service_port = procs.free_port_block(SERVICE_PORT_SPAN)
     env = {**os.environ, "HS_DATA_DIR": str(tmp),
            "HS_KAFKA_BOOTSTRAP": f"127.0.0.1:{procs.free_port()}",
            "HS_STACK_SEAWEED_BASE_PORT": str(procs.free_port_block(SEAWEED_PORT_SPAN)),

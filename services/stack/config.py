@@ -42,6 +42,8 @@ SEAWEED_PORTS = {"master": 0, "volume": 1, "filer": 2, "s3": 3, "admin": 4, "deb
                  "metrics": 6}
 SEAWEED_GRPC_PORTS = {"master": 10, "volume": 11, "filer": 12, "s3": 13, "admin": 14}
 SEAWEED_PORT_SPAN = 15
+SERVICE_PORT_SPAN = 13
+"""Ports from ``service_base_port`` up that the services take (the module docstring)."""
 
 
 class StackSettings(msgspec.Struct, frozen=True, kw_only=True):

@@ -38,6 +38,7 @@ from services.stack.config import (
     LOCAL_PROJECTOR_NICE,
     LOCAL_WORKER_CORES,
     SEAWEED_PORT_SPAN,
+    SERVICE_PORT_SPAN,
     load_config,
 )
 
@@ -101,7 +102,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "HS_DATA_DIR": str(data_dir),
         "HS_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
         "HS_STACK_SEAWEED_BASE_PORT": str(seaweed_base),
-        "HS_STACK_SERVICE_BASE_PORT": str(procs.free_port()),
+        "HS_STACK_SERVICE_BASE_PORT": str(procs.free_port_block(SERVICE_PORT_SPAN)),
         "HS_STACK_MODE": "durable",
         "HS_STACK_INSTALL_DB": "false",
         "HS_DB_NAME": db_name,
