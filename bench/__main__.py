@@ -3,9 +3,10 @@
 ``log``: envelopes through the log adapter. Without ``--bootstrap`` it starts its own broker:
 tansu in memory, or on SeaweedFS with ``--durable``, on free ports, and stops it afterwards.
 ``ingest``: a private full stack; a batch of ``--jobs`` submitted with the official client, and
-batch and job-group status latency. ``execution``: a private full stack runs ``--exec-jobs``
-no-op jobs end to end, beside the machine's process-spawn rate. Both stacks' broker keeps the
-log on SeaweedFS as ``make up`` does, or in memory with ``--stack memory``. ``replay``: a
+batch and job-group status latency (``--submit-only``: the submit alone). ``execution``: a
+private full stack runs ``--exec-jobs`` no-op jobs end to end, beside the machine's
+process-spawn rate. Both stacks' broker keeps the log on SeaweedFS as ``make up`` does, or in
+memory with ``--stack memory``. ``replay``: a
 generated log of ``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
 ``scheduler-memory``: the scheduler's state of one committed batch of ``--sched-jobs`` jobs.
 With no scenario named, all run. Prints a table per scenario, the machine's speed during the
@@ -93,6 +94,9 @@ def main() -> None:
     parser.add_argument("--exec-jobs", type=int, default=100_000)  # the target's batch
     parser.add_argument("--replay-jobs", type=int, default=100_000)  # ~300,000 events
     parser.add_argument("--sched-jobs", type=int, default=10_000_000)
+    parser.add_argument("--submit-only", action="store_true",
+                        help="ingest: only the big submit and its CPU (no client alone, status "
+                             "reads or cancel), as bench.ab --scenario ingest runs it")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument("--durable", action="store_true", help="own broker on SeaweedFS")
     parser.add_argument("--stack", choices=("durable", "memory"), default="durable",
@@ -126,7 +130,8 @@ def main() -> None:
             results["log"] = {"storage": storage, **figures, **spent}
     if "ingest" in scenarios:
         t0 = time.monotonic()
-        results["ingest"] = ingest_throughput.run(args.jobs, durable=args.stack == "durable")
+        results["ingest"] = ingest_throughput.run(args.jobs, durable=args.stack == "durable",
+                                                  submit_only=args.submit_only)
         results["ingest"] |= _speed(sampler, t0)
         # The scenario also runs the client alone, status reads and a cancel: the submit's
         # own window says whether the submit itself ran at a slow minute.

@@ -1,5 +1,6 @@
-"""Compare two versions of the stack on the execution scenario, in interleaved runs:
-``python -m bench.ab --b REF [--a REF] [--a-env K=V ...] [--b-env K=V ...] [--pairs N]``.
+"""Compare two versions of the stack on the execution scenario (or the 1M submit), in
+interleaved runs: ``python -m bench.ab --b REF [--a REF] [--a-env K=V ...] [--b-env K=V ...]
+[--pairs N] [--scenario ingest]``.
 
 Why: this VM's speed moves by 10-25% within an hour (``bench/machine.py``), so one bench of
 each version cannot show a change worth a few percent: every earlier "did not help" was judged
@@ -15,7 +16,9 @@ An arm is a git ref (checked out in a temporary worktree; ``.`` is a copy of thi
 stands at the start, uncommitted changes and all, so editing it meanwhile changes no run) plus
 environment variables for its stack, so a setting is compared by giving only ``--b-env``. Each
 run is ``python -m bench execution`` of the arm's own code, in a process of its own, on the
-venvs of this checkout.
+venvs of this checkout; with ``--scenario ingest``, ``python -m bench ingest --submit-only``:
+the submit's time, its server part and each component's CPU per job (the arm's ref must have
+``--submit-only``).
 
 Beside the rate and each component's CPU per job, the comparison shows the stack's own CPU per
 job (all but the jobs' processes) relative to the jobs' processes' CPU: every job execs
@@ -137,6 +140,24 @@ def figures(execution: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def submit_figures(ingest: Mapping[str, Any]) -> dict[str, float]:
+    """The figures compared, from one ``ingest --submit-only`` run's results."""
+    out = {"submit s": float(ingest["submit_seconds"])}
+    for key, name in (("submit_after_first_request_s", "submit s, the server's part"),
+                      ("client_before_first_request_s", "submit s, the client's before it"),
+                      ("commit_visible_after_submit_s", "commit visible s after the submit")):
+        if key in ingest:
+            out[name] = float(ingest[key])
+    out["CPU ms/job, total"] = float(ingest["cpu_ms_per_job_total"])
+    out |= {f"CPU ms/job, {name}": float(ms) for name, ms in ingest["cpu_ms_per_job"].items()}
+    if "machine_busy_share" in ingest:
+        out["machine busy share"] = float(ingest["machine_busy_share"])
+    if "python_mops_median_during_submit" in ingest:
+        out["machine probe in the submit, M iterations/s"] = float(
+            ingest["python_mops_median_during_submit"])
+    return out
+
+
 def compare(runs_a: Sequence[Mapping[str, float]], runs_b: Sequence[Mapping[str, float]]
             ) -> list[Paired]:
     """Every figure present in all runs of both arms, compared pair by pair."""
@@ -183,17 +204,17 @@ def _checkout(ref: str, root: Path) -> tuple[Path, bool]:
     return where, ref != "."
 
 
-def _start(arm: Arm, exec_jobs: int, stack: str, tmp: Path, log: Path
+def _start(arm: Arm, scenario: list[str], stack: str, tmp: Path, log: Path
            ) -> subprocess.Popen[bytes]:
     env = {**os.environ, **arm.env, "TMPDIR": str(tmp), "HS_BENCH_KEEP_FILES": "1"}
     with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "bench", "execution", "--stack", stack,
-             "--exec-jobs", str(exec_jobs)], cwd=arm.directory, env=env, stdout=out,
-            stderr=subprocess.STDOUT)
+            [sys.executable, "-m", "bench", *scenario, "--stack", stack], cwd=arm.directory,
+            env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _result(arm: Arm, proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any]:
+def _result(arm: Arm, scenario: str, proc: subprocess.Popen[bytes], log: Path
+            ) -> dict[str, Any]:
     code = proc.wait()
     text = log.read_text()
     wrote = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote ")]
@@ -201,7 +222,7 @@ def _result(arm: Arm, proc: subprocess.Popen[bytes], log: Path) -> dict[str, Any
         raise RuntimeError(f"arm {arm.name} ({arm.ref}) failed with code {code}; "
                            f"its output is in {log}:\n{text[-2000:]}")
     result = json.loads((arm.directory / wrote[-1]).read_text())
-    return dict(result["execution"])
+    return dict(result[scenario])
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -213,6 +234,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--b-env", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--exec-jobs", type=int, default=50_000)
+    parser.add_argument("--scenario", choices=("execution", "ingest"), default="execution",
+                        help="ingest: the submit of --jobs jobs alone (bench ingest "
+                             "--submit-only), not the execution scenario")
+    parser.add_argument("--jobs", type=int, default=1_000_000, help="ingest: the batch's jobs")
     parser.add_argument("--stack", choices=("durable", "memory"), default="memory")
     parser.add_argument("--together", action="store_true",
                         help="run each pair's two arms at the same time, side by side: both "
@@ -222,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.a == args.b and args.a_env == args.b_env:
         parser.error("the two arms are the same: give --b (a ref) or --b-env")
     runs = order(args.pairs)  # validates --pairs
+    ingest = args.scenario == "ingest"
+    command = (["ingest", "--submit-only", "--jobs", str(args.jobs)] if ingest
+               else ["execution", "--exec-jobs", str(args.exec_jobs)])
+    figures_of = submit_figures if ingest else figures
     root = Path(tempfile.mkdtemp(prefix="hs-ab-"))
     results: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     worktrees: list[Path] = []
@@ -242,24 +271,27 @@ def main(argv: Sequence[str] | None = None) -> None:
                 tmp = root / f"run-{i}-{name}"
                 tmp.mkdir()
                 log = root / f"run-{i}-{name}.log"
-                procs.append((name, _start(arms[name], args.exec_jobs, args.stack, tmp, log),
-                              log))
+                procs.append((name, _start(arms[name], command, args.stack, tmp, log), log))
             for name, proc, log in procs:
-                got = _result(arms[name], proc, log)
+                got = _result(arms[name], args.scenario, proc, log)
                 results[name].append(got)
                 arm = arms[name]
+                rate = (f"{got['submit_seconds']} s submit" if ingest
+                        else f"{got['noop_jobs_per_s']} jobs/s")
                 print(f"{started} step {i + 1}/{len(steps)} arm {name.upper()} ({arm.ref} "
                       f"{' '.join(f'{k}={v}' for k, v in arm.env.items())}): "
-                      f"{got['noop_jobs_per_s']} jobs/s, {got['cpu_ms_per_job_total']} ms "
-                      f"CPU/job", flush=True)
+                      f"{rate}, {got['cpu_ms_per_job_total']} ms CPU/job", flush=True)
     finally:
         for wt in worktrees:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(wt)],
                            check=False)
         shutil.rmtree(root, ignore_errors=True)
-    compared = compare([figures(r) for r in results["a"]], [figures(r) for r in results["b"]])
+    compared = compare([figures_of(r) for r in results["a"]],
+                       [figures_of(r) for r in results["b"]])
+    what = (f"the submit of {args.jobs:,} jobs" if ingest
+            else f"{args.exec_jobs:,} jobs end to end")
     table = Table(title=f"A = {args.a} {' '.join(args.a_env)}   B = {args.b} "
-                        f"{' '.join(args.b_env)}   ({args.pairs} pairs, {args.exec_jobs:,} jobs)")
+                        f"{' '.join(args.b_env)}   ({args.pairs} pairs, {what})")
     for column in ("figure", "A", "B", "B - A", "95% interval", "", "median B - A",
                    "B higher", "verdict"):
         table.add_column(column, justify="left" if column in ("figure", "verdict") else "right")
@@ -273,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"ab-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps({
+        "scenario": args.scenario,
         "a": {"ref": args.a, "env": args.a_env}, "b": {"ref": args.b, "env": args.b_env},
         "order": runs, "together": args.together, "runs": results,
         "compared": [asdict(p) for p in compared]},

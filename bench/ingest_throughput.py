@@ -179,12 +179,36 @@ def client_alone(n: int, tmp: Path) -> dict[str, Any]:
         server.wait()
 
 
-def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
+def _submit_figures(n_jobs: int, durable: bool, big: dict[str, Any], created_ms: int | None,
+                    visible: float) -> dict[str, Any]:
+    """The big submit's own figures: its time, the client's CPU, the server's part (from the
+    batch's creation, hailtop's first request, to the commit's answer)."""
+    out: dict[str, Any] = {
+        "storage": "seaweedfs" if durable else "memory",
+        "jobs": n_jobs,
+        "submit_seconds": round(big["seconds"], 2),
+        "job_specs_per_s": round(n_jobs / big["seconds"]),
+        "client_cpu_seconds": round(big["cpu_seconds"], 2),
+        "commit_visible_after_submit_s": round(visible, 2),
+    }
+    # hailtop serializes every spec and cuts the bunches before its first request (the
+    # batch's creation): only the rest of the submission is the server's.
+    if created_ms is not None:
+        before = created_ms / 1000 - big["started_at"]
+        out["client_before_first_request_s"] = round(before, 2)
+        out["submit_after_first_request_s"] = round(big["seconds"] - before, 2)
+    return out
+
+
+def run(n_jobs: int = 100_000, durable: bool = True, submit_only: bool = False
+        ) -> dict[str, Any]:
+    """The scenario's figures. ``submit_only``: the big submit and its CPU alone (no client
+    alone, status reads or cancel), for comparing versions of the submit (bench.ab)."""
     if not HAIL_PYTHON.exists():
         raise SystemExit("the official client is missing: run `make venv-hail`")
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-ingest-"))
     # First, on the idle machine: the client's own ceiling for the same batch.
-    alone = client_alone(n_jobs, tmp)
+    alone = {} if submit_only else client_alone(n_jobs, tmp)
     db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
     # A free block below the ephemeral range: a single free port's neighbours (the
     # services' other ports) may be any outgoing connection's by the time they bind.
@@ -212,17 +236,15 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
         visible = _until(lambda: _get(url, token, big["id"])["closed"])
         created_ms = parse_time(_get(url, token, big["id"])["time_created"])
         spent = window.stop(n_jobs, extra={"client (hailtop)": big["cpu_seconds"]})
+        if submit_only:
+            return _submit_figures(n_jobs, durable, big, created_ms, visible) | {
+                "submit_window_monotonic": [submit_started, submit_ended]} | spent
         # The batch's status, and its root job group's (the group holding every job; any
         # group's status is read the same way).
         reads = _latency_ms(url, token, [
             f"batches/{small['id']}", f"batches/{big['id']}",
             f"batches/{small['id']}/job-groups/0", f"batches/{big['id']}/job-groups/0"])
-        out: dict[str, Any] = {
-            "storage": "seaweedfs" if durable else "memory",
-            "jobs": n_jobs,
-            "submit_seconds": round(big["seconds"], 2),
-            "job_specs_per_s": round(n_jobs / big["seconds"]),
-            "client_cpu_seconds": round(big["cpu_seconds"], 2),
+        out: dict[str, Any] = _submit_figures(n_jobs, durable, big, created_ms, visible) | {
             "client_alone_seconds": round(alone["seconds"], 2),
             "client_alone_cpu_seconds": round(alone["cpu_seconds"], 2),
             "client_versions": client_versions(),
@@ -233,19 +255,12 @@ def run(n_jobs: int = 100_000, durable: bool = True) -> dict[str, Any]:
             "group_status_ms_at_1000_jobs": latency_figures(reads[2]),
             f"group_status_ms_at_{n_jobs}_jobs": latency_figures(reads[3]),
             f"group_status_paired_ratio_at_{n_jobs}_jobs": paired_ratio(reads[3], reads[2]),
-            "commit_visible_after_submit_s": round(visible, 2),
             # For the machine's speed during the submit (bench/__main__.py takes it out).
             "submit_window_monotonic": [submit_started, submit_ended],
         }
-        # hailtop serializes every spec and cuts the bunches before its first request (the
-        # batch's creation): only the rest of the submission is the server's.
         if alone.get("created_at") is not None:
             out["client_alone_before_first_request_s"] = round(
                 alone["created_at"] - alone["started_at"], 2)
-        if created_ms is not None:
-            before = created_ms / 1000 - big["started_at"]
-            out["client_before_first_request_s"] = round(before, 2)
-            out["submit_after_first_request_s"] = round(big["seconds"] - before, 2)
         cancelled = _cancel(url, token, big["id"])
         time.sleep(3)  # SJs the scheduler had in flight reach the log
         cancelled |= _scheduling_stopped(env, big["id"])

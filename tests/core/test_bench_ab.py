@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.ab import JOBS, compare, figures, order, paired, t975
+from bench.ab import JOBS, compare, figures, order, paired, submit_figures, t975
 
 
 def test_order_alternates_which_arm_runs_first() -> None:
@@ -108,3 +108,23 @@ def test_compare_covers_the_figures_every_run_has() -> None:
     assert got["CPU ms/job, worker"].diff == pytest.approx(-0.05)
     assert got["CPU ms/job, worker"].verdict == "B lower"
     assert got["jobs/s end to end"].diff == pytest.approx(45.0)
+
+
+def test_submit_figures_of_a_run() -> None:
+    got = submit_figures({
+        "submit_seconds": 24.5, "submit_after_first_request_s": 19.0,
+        "client_before_first_request_s": 5.5, "commit_visible_after_submit_s": 7.25,
+        "cpu_ms_per_job_total": 0.05, "cpu_ms_per_job": {"ingest": 0.02, "projector": 0.03},
+        "python_mops_median_during_submit": 4.5, "python_mops_median_during": 5.0})
+    assert got == {
+        "submit s": 24.5, "submit s, the server's part": 19.0,
+        "submit s, the client's before it": 5.5, "commit visible s after the submit": 7.25,
+        "CPU ms/job, total": 0.05, "CPU ms/job, ingest": 0.02, "CPU ms/job, projector": 0.03,
+        "machine probe in the submit, M iterations/s": 4.5}
+
+
+def test_submit_figures_without_the_batchs_creation_time() -> None:
+    # A batch whose creation time the API did not give: no split of the submit.
+    got = submit_figures({"submit_seconds": 30.0, "cpu_ms_per_job_total": 0.1,
+                          "cpu_ms_per_job": {}})
+    assert got == {"submit s": 30.0, "CPU ms/job, total": 0.1}
