@@ -29,3 +29,15 @@ def test_ingest_sends_at_once_unless_told_to_linger() -> None:
     with pytest.raises(ValueError, match="HS_INGEST_LINGER_MS: expected whole milliseconds; "
                                          "got 'soon'"):
         publisher_settings(shared, {"HS_INGEST_LINGER_MS": "soon"})
+
+
+def test_a_producer_batch_holds_several_bunches_and_fits_a_request() -> None:
+    log = load_settings({}).log
+    assert log.max_batch_size >= 3 * 570_000  # three bunches of 1,024 specs at once
+    assert load_settings({"HS_KAFKA_MAX_BATCH_SIZE": "65536"}).log.max_batch_size == 65536
+    for bad in ("0", str(log.max_request_size + 1)):
+        with pytest.raises(ValueError, match=f"HS_KAFKA_MAX_BATCH_SIZE must be 1 to "
+                                             f"{log.max_request_size} bytes .*not {bad}"):
+            load_settings({"HS_KAFKA_MAX_BATCH_SIZE": bad})
+    with pytest.raises(ValueError, match="HS_KAFKA_MAX_BATCH_SIZE"):
+        load_settings({"HS_KAFKA_MAX_BATCH_SIZE": "big"})
