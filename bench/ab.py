@@ -148,8 +148,13 @@ def submit_figures(ingest: Mapping[str, Any]) -> dict[str, float]:
                       ("commit_visible_after_submit_s", "commit visible s after the submit")):
         if key in ingest:
             out[name] = float(ingest[key])
-    out["CPU ms/job, total"] = float(ingest["cpu_ms_per_job_total"])
-    out |= {f"CPU ms/job, {name}": float(ms) for name, ms in ingest["cpu_ms_per_job"].items()}
+    if "cpu_seconds" in ingest:  # CPU per job of a submit is a few microseconds: seconds
+        out["CPU s, total"] = float(ingest["cpu_seconds_total"])
+        out |= {f"CPU s, {name}": float(s) for name, s in ingest["cpu_seconds"].items()}
+    else:
+        out["CPU ms/job, total"] = float(ingest["cpu_ms_per_job_total"])
+        out |= {f"CPU ms/job, {name}": float(ms)
+                for name, ms in ingest["cpu_ms_per_job"].items()}
     if "machine_busy_share" in ingest:
         out["machine busy share"] = float(ingest["machine_busy_share"])
     if "python_mops_median_during_submit" in ingest:

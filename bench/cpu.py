@@ -170,6 +170,10 @@ class Window:
         ms = {k: round(1000 * v / units, 3) for k, v in sorted(per.items(), key=lambda kv: -kv[1])}
         return {
             f"cpu_ms_per_{unit}": ms,
+            # The same in seconds: a 1M submit's few microseconds per job round to nothing.
+            "cpu_seconds": {k: round(v, 2) for k, v in sorted(per.items(),
+                                                             key=lambda kv: -kv[1])},
+            "cpu_seconds_total": round(all_cpu, 2),
             f"cpu_ms_per_{unit}_total": round(1000 * all_cpu / units, 3),
             "machine_busy_share": round(machine / wall_cpu, 3) if wall_cpu else 0.0,
             "stack_share_of_machine_busy": round(all_cpu / machine, 3) if machine else 0.0,

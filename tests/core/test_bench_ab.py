@@ -123,6 +123,14 @@ def test_submit_figures_of_a_run() -> None:
         "machine probe in the submit, M iterations/s": 4.5}
 
 
+def test_submit_figures_in_cpu_seconds_when_the_run_has_them() -> None:
+    got = submit_figures({
+        "submit_seconds": 12.0, "cpu_ms_per_job_total": 0.03, "cpu_ms_per_job": {"ingest": 0.007},
+        "cpu_seconds_total": 31.25, "cpu_seconds": {"ingest": 7.12, "projector": 5.5}})
+    assert got == {"submit s": 12.0, "CPU s, total": 31.25, "CPU s, ingest": 7.12,
+                   "CPU s, projector": 5.5}
+
+
 def test_submit_figures_without_the_batchs_creation_time() -> None:
     # A batch whose creation time the API did not give: no split of the submit.
     got = submit_figures({"submit_seconds": 30.0, "cpu_ms_per_job_total": 0.1,
