@@ -494,8 +494,8 @@ class Commands:
                 tally = self._tallies[key] = IdTally(u.start_job_id, u.n_jobs)
                 while len(self._tallies) > _TALLIES_KEPT:
                     self._tallies.popitem(last=False)
-            if tally is not None:
-                tally.add(r.job_id for r in records)
+            if tally is not None:  # the records' ids are contiguous (core.job_specs checks)
+                tally.add_run(records[0].job_id, records[-1].job_id + 1)
 
     def _accepted_bunch(self, batch_id: int, update_id: int, body: bytes, user: User,
                         committed_here: bool) -> tuple[Any, list[JobRecord]]:
