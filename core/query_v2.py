@@ -18,7 +18,7 @@ other left side names an attribute.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Final, TypeVar
 
@@ -59,6 +59,8 @@ _MAX_FLOAT: Final[Decimal] = Decimal(10) ** 12
 _EPOCH: Final[dt.datetime] = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 T = TypeVar("T")
+F = TypeVar("F")
+"""A filter type: a job's or a batch's."""
 
 
 def parse_int(word: str) -> int:
@@ -249,15 +251,7 @@ def parse_job_query_v2(q: str) -> list[JobFilter]:
         QueryError: a statement does not parse.
 
     """
-    filters: list[JobFilter] = []
-    for words in _statements(q):
-        if len(words) == 1:
-            filters.append(keyword(words[0]))
-            continue
-        left, op, right = words
-        field = _JOB_FIELDS.get(left)
-        filters.append(field(op, right) if field else _attribute(left, op, right))
-    return filters
+    return _filters(q, _JOB_FIELDS, keyword, _attribute)
 
 
 def parse_batch_query_v2(q: str) -> list[BatchFilter]:
@@ -273,12 +267,22 @@ def parse_batch_query_v2(q: str) -> list[BatchFilter]:
         QueryError: a statement does not parse.
 
     """
-    filters: list[BatchFilter] = []
+    return _filters(q, _BATCH_FIELDS, keyword, _attribute)
+
+
+def _filters(q: str, fields: Mapping[str, Callable[[str, str], F]],
+             by_keyword: Callable[[str], F], by_attribute: Callable[[str, str, str], F]
+             ) -> list[F]:
+    """One filter per statement of ``q``.
+
+    A statement is a keyword alone, a known field's comparison, or else an attribute's.
+    """
+    filters: list[F] = []
     for words in _statements(q):
         if len(words) == 1:
-            filters.append(keyword(words[0]))
+            filters.append(by_keyword(words[0]))
             continue
         left, op, right = words
-        field = _BATCH_FIELDS.get(left)
-        filters.append(field(op, right) if field else _attribute(left, op, right))
+        field = fields.get(left)
+        filters.append(field(op, right) if field else by_attribute(left, op, right))
     return filters
