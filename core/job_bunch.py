@@ -18,12 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from core.job_specs import (
-    DEFAULT_N_MAX_ATTEMPTS,
-    SpecView,
-    job_records,
-    records_of,
-)
+from core.job_specs import DEFAULT_N_MAX_ATTEMPTS, job_records, records_of
 from core.resources import InstCollConfig
 from core.specs import MAX_BUNCH_SIZE
 from schemas.batch import JobRecord
@@ -49,34 +44,42 @@ class _File(msgspec.Struct, forbid_unknown_fields=True, gc=False,
     to: str
 
 
-class _Spec(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """The keys of an ordinary job spec; a null counts as absent, as in the checks."""
+class _Spec(msgspec.Struct, forbid_unknown_fields=True, gc=False,
+            rename={"in_update_id": "job_id"}):
+    """The keys of an ordinary job spec, a :class:`~core.job_specs.CheckedSpec` as decoded.
 
-    job_id: int
+    A null counts as absent in the checks: here it fails the typed decode where the key has a
+    default other than None (the checks then take the bunch, with the same outcome).
+    """
+
+    in_update_id: int
     process: _Docker
-    always_run: bool | None = None
+    always_run: bool = False
     always_copy_output: bool | None = None
-    n_max_attempts: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    n_max_attempts: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_N_MAX_ATTEMPTS
     absolute_parent_ids: list[int] | None = None
     in_update_parent_ids: list[int] | None = None
     parent_ids: list[int] | None = None
     absolute_job_group_id: int | None = None
     in_update_job_group_id: int | None = None
-    attributes: dict[str, str] | None = None
+    attributes: dict[str, str] = {}
     resources: dict[str, Any] | None = None
     regions: list[str] | None = None
     env: list[_EnvVar] | None = None
     input_files: list[_File] | None = None
     output_files: list[_File] | None = None
 
+    @property
+    def jvm(self) -> bool:
+        return False  # a docker process: the only kind this schema takes
+
 
 _SPECS = msgspec.json.Decoder(list[_Spec])
-_view = tuple.__new__
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def _views(data: bytes) -> list[SpecView] | None:
-    """The views of a bunch every spec of which is ordinary, else None."""
+def _typed(data: bytes) -> tuple[list[_Spec], list[str]] | None:
+    """The specs of a bunch every spec of which is ordinary, and their texts; else None."""
     try:
         specs = _SPECS.decode(data)
         raws = _RAWS.decode(data)
@@ -84,29 +87,11 @@ def _views(data: bytes) -> list[SpecView] | None:
         return None
     if len(specs) > MAX_BUNCH_SIZE:
         return None
-    views = []
-    for s, raw in zip(specs, raws, strict=True):
+    for s in specs:
         if s.process.mount_docker_socket or (s.absolute_job_group_id is not None
                                              and s.in_update_job_group_id is not None):
             return None  # refused by the checks, with their message
-        # Positionally, through tuple.__new__: SpecView's own keyword constructor is a Python
-        # function, and was a third of this decode.
-        views.append(_view(SpecView, (
-            s.job_id,                                   # in_update_id
-            False,                                      # jvm
-            s.absolute_parent_ids,
-            s.parent_ids,
-            s.in_update_parent_ids,
-            s.in_update_job_group_id,
-            s.absolute_job_group_id,
-            s.resources,
-            s.regions,
-            False if s.always_run is None else s.always_run,
-            DEFAULT_N_MAX_ATTEMPTS if s.n_max_attempts is None else s.n_max_attempts,
-            {} if s.attributes is None else s.attributes,
-            bytes(raw).decode(),                        # text
-        )))
-    return views
+    return specs, [str(raw, "utf-8") for raw in raws]
 
 
 def job_records_json(
@@ -128,9 +113,9 @@ def job_records_json(
         msgspec.DecodeError: The body is not JSON.
 
     """
-    views = _views(data) if data else None
-    if views is not None:
-        return records_of(views, start_job_id=start_job_id, n_jobs=n_jobs,
+    typed = _typed(data) if data else None
+    if typed is not None:
+        return records_of(*typed, start_job_id=start_job_id, n_jobs=n_jobs,
                           start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
                           config=config, known_group=known_group, batch_id=batch_id)
     return job_records(msgspec.json.decode(data) if data else None,

@@ -15,7 +15,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
@@ -311,18 +311,49 @@ def job_records(
         always_run=get(s, "always_run", False),
         n_max_attempts=get(s, "n_max_attempts", DEFAULT_N_MAX_ATTEMPTS),
         attributes=get(s, "attributes", {}),
-        text=msgspec.json.encode(raw).decode(),
-    ) for s, raw in zip(specs, objs, strict=True)]
-    return records_of(views, start_job_id=start_job_id, n_jobs=n_jobs,
+    ) for s in specs]
+    return records_of(views, [msgspec.json.encode(raw).decode() for raw in objs],
+                      start_job_id=start_job_id, n_jobs=n_jobs,
                       start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
                       config=config, known_group=known_group, batch_id=batch_id)
 
 
-class SpecView(NamedTuple):
+class CheckedSpec(Protocol):
     """What a record takes from one job spec whose keys and value types were checked.
 
-    Absent and null optional keys are None, except the three with defaults.
+    Absent and null optional keys are None, except the three with defaults. Two kinds have
+    these: :class:`SpecView`, made from a spec the checks took key by key, and the spec
+    ``core.job_bunch`` decodes from a body, typed.
     """
+
+    @property
+    def in_update_id(self) -> int: ...
+    @property
+    def jvm(self) -> bool: ...
+    @property
+    def absolute_parent_ids(self) -> list[int] | None: ...
+    @property
+    def parent_ids(self) -> list[int] | None: ...
+    @property
+    def in_update_parent_ids(self) -> list[int] | None: ...
+    @property
+    def in_update_job_group_id(self) -> int | None: ...
+    @property
+    def absolute_job_group_id(self) -> int | None: ...
+    @property
+    def resources(self) -> dict[str, Any] | None: ...
+    @property
+    def regions(self) -> list[str] | None: ...
+    @property
+    def always_run(self) -> bool: ...
+    @property
+    def n_max_attempts(self) -> int: ...
+    @property
+    def attributes(self) -> dict[str, str]: ...
+
+
+class SpecView(NamedTuple):
+    """A :class:`CheckedSpec` of a spec the checks took key by key."""
 
     in_update_id: int
     jvm: bool
@@ -336,14 +367,14 @@ class SpecView(NamedTuple):
     always_run: bool
     n_max_attempts: int
     attributes: dict[str, str]
-    text: str
 
 
 _NO_RESOURCES: Final = msgspec.json.encode((None, None))
 
 
 def records_of(
-    views: Sequence[SpecView],
+    views: Sequence[CheckedSpec],
+    texts: Sequence[str],
     *,
     start_job_id: int,
     n_jobs: int,
@@ -355,25 +386,41 @@ def records_of(
 ) -> list[JobRecord]:
     """The records of a bunch of checked specs, their ids, parents, groups and resources resolved.
 
-    See :func:`job_records`.
+    ``texts`` are the specs' JSON texts, in the same order. See :func:`job_records`.
     """
-    out_of_range = [v.in_update_id for v in views if not 1 <= v.in_update_id <= n_jobs]
-    if out_of_range:
-        raise BadRequest(f"job ids {out_of_range} are out of range")
-    absolute_ids = [resolve_in_update_id(v.in_update_id, start_job_id) for v in views]
-    for before, after in itertools.pairwise(absolute_ids):
-        if after != before + 1:
-            raise BadRequest(f"noncontiguous job ids found in the spec: {before} -> {after}")
+    ids = [v.in_update_id for v in views]
+    # The usual bunch, in range and contiguous, is told in C; anything else is looked at id by
+    # id, for the message.
+    if ids and not (ids[0] >= 1 and ids[-1] <= n_jobs
+                    and ids == list(range(ids[0], ids[0] + len(ids)))):
+        out_of_range = [i for i in ids if not 1 <= i <= n_jobs]
+        if out_of_range:
+            raise BadRequest(f"job ids {out_of_range} are out of range")
+        for before, after in itertools.pairwise(ids):
+            if after != before + 1:
+                raise BadRequest(
+                    "noncontiguous job ids found in the spec: "
+                    f"{resolve_in_update_id(before, start_job_id)} -> "
+                    f"{resolve_in_update_id(after, start_job_id)}")
 
     records = []
-    # Jobs of a bunch mostly ask for the same resources: normalize each distinct request once.
-    # Only successes are remembered; a failing request raises with this job's own names.
+    # Jobs of a bunch mostly ask for the same resources and join the same group: each distinct
+    # request is normalized, and each group resolved, once. Only successes are remembered; a
+    # failing one raises with this job's own names.
     normalized: dict[bytes, tuple[JobResources, str]] = {}
-    for i, (v, job_id) in enumerate(zip(views, absolute_ids, strict=True)):
-        parent_ids = _parents(v, job_id, start_job_id)
-        group_id = _job_group(i, v, job_id, start_job_group_id, n_job_groups)
-        if group_id != ROOT_JOB_GROUP_ID and not known_group(group_id):
-            raise BadRequest(f"job {job_id}: job group {group_id} does not exist")
+    groups: dict[tuple[int | None, int | None], int] = {}
+    for i, (v, text) in enumerate(zip(views, texts, strict=True)):
+        job_id = resolve_in_update_id(v.in_update_id, start_job_id)
+        parent_ids = (_parents(v, job_id, start_job_id)
+                      if v.absolute_parent_ids or v.parent_ids or v.in_update_parent_ids
+                      else [])  # what the client sends for a job without parents: empty lists
+        group_key = (v.in_update_job_group_id, v.absolute_job_group_id)
+        group_id = groups.get(group_key)
+        if group_id is None:
+            group_id = _job_group(i, v, job_id, start_job_group_id, n_job_groups)
+            if group_id != ROOT_JOB_GROUP_ID and not known_group(group_id):
+                raise BadRequest(f"job {job_id}: job group {group_id} does not exist")
+            groups[group_key] = group_id
         if v.jvm:
             _check_jvm_resources(v.resources or {})
         request = (_NO_RESOURCES if v.resources is None and v.regions is None
@@ -395,14 +442,12 @@ def records_of(
             resources=resources,
             inst_coll=inst_coll,
             attributes=v.attributes,
-            spec=v.text,
+            spec=text,
         ))
     return records
 
 
-def _parents(v: SpecView, job_id: int, start_job_id: int) -> list[int]:
-    if not (v.absolute_parent_ids or v.parent_ids or v.in_update_parent_ids):
-        return []  # what the client sends for a job without parents: empty lists
+def _parents(v: CheckedSpec, job_id: int, start_job_id: int) -> list[int]:
     in_update_id = v.in_update_id
     absolute = [*(v.absolute_parent_ids or ()), *(v.parent_ids or ())]
     in_update = v.in_update_parent_ids or []
@@ -424,7 +469,7 @@ def _parents(v: SpecView, job_id: int, start_job_id: int) -> list[int]:
 
 
 def _job_group(
-    i: int, v: SpecView, job_id: int, start_job_group_id: int, n_job_groups: int
+    i: int, v: CheckedSpec, job_id: int, start_job_group_id: int, n_job_groups: int
 ) -> int:
     """The absolute group of the bunch's ``i``-th job."""
     if v.in_update_job_group_id is not None:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import BadRequest
-from core.job_bunch import _SPECS, _views, job_records_json
+from core.job_bunch import _SPECS, _typed, job_records_json
 from core.job_specs import job_records
 from core.resources import default_config
 from schemas.batch import JobRecord
@@ -127,7 +127,7 @@ def valid_bunch(draw: st.DrawFn) -> list[dict[str, Any]]:
 def test_the_fast_path_gives_what_the_checks_give_on_mostly_valid_bunches(
         objs: list[dict[str, Any]]) -> None:
     data = msgspec.json.encode(objs)
-    assert _views(data) is not None  # every one of these takes the fast path
+    assert _typed(data) is not None  # every one of these takes the fast path
     assert outcome(job_records_json, data) == outcome(job_records, objs)
 
 
@@ -162,7 +162,7 @@ def test_ordinary_bunches_take_the_fast_path_and_keep_the_clients_text(
         objs: list[dict[str, Any]]) -> None:
     objs = [{**o, "job_id": i + 1} for i, o in enumerate(objs)]
     data = b"[" + b", ".join(msgspec.json.encode(o) for o in objs) + b"]"  # spaces between
-    assert _views(data) is not None
+    assert _typed(data) is not None
     records = job_records_json(data, **KW)
     assert [r.spec for r in records] == [msgspec.json.encode(o).decode() for o in objs]
     assert [r.job_id for r in records] == list(range(11, 11 + len(objs)))
