@@ -29,7 +29,7 @@ from typing import Any, cast
 import sqlalchemy as sa
 from pymysql.constants import SERVER_STATUS
 
-from core.projection.billing import Billed, accrue_into
+from core.projection.billing import Accruals, Billed
 from core.projection.execution import JobFacts, move_into
 from core.projection.ops import (
     Delete,
@@ -308,6 +308,7 @@ class Writer:
         self._literals = Literals.of(conn)
         self._pending: list[Op] = []
         self._increments = Increments()
+        self._accruals = Accruals()  # into _increments at each flush
         self._deferred: dict[str, dict[tuple[Value, ...], dict[str, Value]]] = {}
         self.statements = 0
 
@@ -340,7 +341,7 @@ class Writer:
     def accrue(self, who: Billed, quantities: Mapping[str, int], from_ms: int, to_ms: int,
                token: int) -> None:
         """Bill an interval into the rollups: ``emit(accrue(...))`` without the ops."""
-        accrue_into(self._increments, who, quantities, from_ms, to_ms, token)
+        self._accruals.add(who, quantities, from_ms, to_ms, token)
 
     def move(self, job: JobFacts, old: JobState, new: JobState, ancestors: Sequence[int],
              token: int) -> None:
@@ -409,6 +410,7 @@ class Writer:
         # Increments of one table and key columns go in one statement whatever columns they
         # move: a column a row does not move is added 0 (counter columns default to 0).
         by_table: dict[tuple[str, tuple[str, ...]], list[Increment]] = {}
+        self._accruals.drain_into(self._increments)
         for inc in self._increments.drain():
             by_table.setdefault((inc.table, tuple(inc.key)), []).append(inc)
         for (table, keys), incs in by_table.items():

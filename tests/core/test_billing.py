@@ -40,6 +40,7 @@ from core.projection.billing import (
     BILLING_PROJECT_USER_DATE,
     JOB_GROUP,
     USER,
+    Accruals,
     Billed,
     accrue,
     accrue_into,
@@ -262,6 +263,39 @@ def test_accrue_into_adds_what_accrue_returns(intervals: list[tuple]) -> None:  
         accrue_into(acc, who, {r.resource: r.quantity for r in resources}, start,
                     start + length, token)
     assert acc.drain() == merge_increments(ops)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(
+    st.integers(1, 3),                      # batch
+    st.integers(1, 5),                      # job
+    st.sampled_from([[0], [1, 0], [2, 1, 0]]),  # group ancestry
+    st.sampled_from(["p1", "p2"]),          # billing project
+    st.sampled_from(["alice", "bob"]),      # user
+    resources_st,
+    st.integers(0, 3 * DAY),                # from
+    st.sampled_from([0, 1, 999, DAY - 1, DAY, DAY + 1, 2 * DAY + 7]),  # length
+    st.integers(0, 2),                      # token
+), max_size=30), st.integers(1, 30))
+def test_accruals_summed_first_bill_what_every_interval_bills(
+        intervals: list[tuple], drain_every: int) -> None:  # type: ignore[type-arg]
+    """Summing many attempts' intervals before the rollups (the projector's way) bills the same
+    rows by the same amounts as each interval's ops, however often it is drained."""
+    acc = Increments()
+    accruals = Accruals()
+    ops = []
+    for i, (b, j, groups, project, user, resources, start, length, token) in enumerate(
+            intervals):
+        who = Billed(b, j, groups, project, user)
+        ops += accrue(who, resources, start, start + length, token)
+        accruals.add(who, {r.resource: r.quantity for r in resources}, start, start + length,
+                     token)
+        if i % drain_every == 0:
+            accruals.drain_into(acc)
+    accruals.drain_into(acc)
+    assert acc.drain() == merge_increments(ops)
+    accruals.drain_into(acc)
+    assert acc.drain() == []  # drained means empty
 
 
 def test_accrue_over_midnight_splits_the_dated_rollup() -> None:
