@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from pymysql.constants import SERVER_STATUS
 
 from core.projection.billing import Accruals, Billed
-from core.projection.execution import JobFacts, move_into
+from core.projection.execution import JobFacts, Moves
 from core.projection.ops import (
     Delete,
     Increment,
@@ -308,7 +308,9 @@ class Writer:
         self._literals = Literals.of(conn)
         self._pending: list[Op] = []
         self._increments = Increments()
-        self._accruals = Accruals()  # into _increments at each flush
+        # Billed intervals and job movements, summed; into _increments at each flush.
+        self._accruals = Accruals()
+        self._moves = Moves()
         self._deferred: dict[str, dict[tuple[Value, ...], dict[str, Value]]] = {}
         self.statements = 0
 
@@ -346,7 +348,7 @@ class Writer:
     def move(self, job: JobFacts, old: JobState, new: JobState, ancestors: Sequence[int],
              token: int) -> None:
         """A job's counter movements: ``emit(move(...))`` without the ops."""
-        move_into(self._increments, job, old, new, ancestors, token)
+        self._moves.add(job, old, new, ancestors, token)
 
     def _touches_deferred(self, op: Op, keys: tuple[str, ...]) -> bool:
         deferred = self._deferred.get(op.table)
@@ -411,6 +413,7 @@ class Writer:
         # move: a column a row does not move is added 0 (counter columns default to 0).
         by_table: dict[tuple[str, tuple[str, ...]], list[Increment]] = {}
         self._accruals.drain_into(self._increments)
+        self._moves.drain_into(self._increments)
         for inc in self._increments.drain():
             by_table.setdefault((inc.table, tuple(inc.key)), []).append(inc)
         for (table, keys), incs in by_table.items():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, USER_RESOURCES
-from core.projection.execution import JobFacts, move, move_into
+from core.projection.execution import JobFacts, Moves, move, move_into
 from core.projection.ops import Increments, merge_increments
 from schemas.base import JobState
 
@@ -31,6 +31,28 @@ def test_move_into_adds_what_move_returns(moves: list[tuple]) -> None:  # type: 
         ops += move(facts, old, new, ancestors, token)
         move_into(acc, facts, old, new, ancestors, token)
     assert acc.drain() == merge_increments(ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(facts_st, states, states,
+                          st.sampled_from([[0], [1, 0], [2, 1, 0], []]), st.integers(0, 3)),
+                max_size=40), st.integers(1, 40))
+def test_moves_counted_first_add_what_every_move_returns(
+        moves: list[tuple], drain_every: int) -> None:  # type: ignore[type-arg]
+    """Counting movements before their increments (the projector's way) moves the same rows by
+    the same amounts as each movement's ops, however often it is drained."""
+    acc = Increments()
+    counted = Moves()
+    ops = []
+    for i, (facts, old, new, ancestors, token) in enumerate(moves):
+        ops += move(facts, old, new, ancestors, token)
+        counted.add(facts, old, new, ancestors, token)
+        if i % drain_every == 0:
+            counted.drain_into(acc)
+    counted.drain_into(acc)
+    assert acc.drain() == merge_increments(ops)
+    counted.drain_into(acc)
+    assert acc.drain() == []
 
 
 def test_a_job_that_runs_and_succeeds() -> None:
