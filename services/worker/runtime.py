@@ -398,8 +398,11 @@ class LocalProcessRuntime:
         not_started: OSError | None = None
         try:
             try:
-                async with asyncio.timeout(request.timeout_s):
+                if request.timeout_s is None:  # most jobs: no timer to arm and disarm
                     await proc.wait()
+                else:
+                    async with asyncio.timeout(request.timeout_s):
+                        await proc.wait()
             except TimeoutError:
                 timed_out = True
                 await self._kill(proc)
