@@ -491,14 +491,14 @@ class Handler:
                 st.jobs[j] = None
                 st.children[j] = []
         for r in self._read(_JOB_RANGE, b=b, lo=lo, hi=hi):
-            if int(r.job_id) in todo:
-                st.jobs[int(r.job_id)] = _job_row(r)
-        for r in self._read(_ATTEMPT_RANGE, b=b, lo=lo, hi=hi):
-            key = (int(r.job_id), str(r.attempt_id))
-            if key[0] not in todo:
-                continue
-            st.attempts[key] = AttemptRow(r.start_time_ms, r.rollup_time_ms, r.end_time_ms,
-                                          resources_of_text(r.resources))
+            job_id = int(r[0])
+            if job_id in todo:
+                st.jobs[job_id] = _job_row(r)
+        for job_id, attempt_id, start, rollup, end, resources in self._read(
+                _ATTEMPT_RANGE, b=b, lo=lo, hi=hi):
+            if int(job_id) in todo:
+                st.attempts[(int(job_id), str(attempt_id))] = AttemptRow(
+                    start, rollup, end, resources_of_text(resources))
         for parent, child in self._read(_CHILD_RANGE, b=b, lo=lo, hi=hi):
             if int(parent) in todo:
                 st.children[int(parent)].append(int(child))
@@ -508,7 +508,7 @@ class Handler:
         for j in ids:
             st.jobs[j] = None
         for r in self._read(_JOB_ROWS, b=b, ids=list(ids)):
-            st.jobs[int(r.job_id)] = _job_row(r)
+            st.jobs[int(r[0])] = _job_row(r)
 
     def _ancestors(self, batch_id: int, group: int) -> list[int]:
         """The group and its ancestors up to 0 (immutable once the group exists)."""
@@ -737,11 +737,17 @@ class Handler:
 
 
 def _job_row(r: Any) -> JobRow:
-    """A cached job row from a row of ``_JOB_ROWS`` or ``_JOB_RANGE``."""
-    return JobRow(int(r.job_id), int(r.job_group_id), r.state, bool(r.cancelled),
-                  bool(r.always_run), int(r.cores_mcpu), str(r.inst_coll), int(r.n_attempts),
-                  int(r.n_max_attempts), r.attempt_id, int(r.n_pending_parents), str(r.user),
-                  str(r.billing_project), r.resource_usage)
+    """A cached job row from a row of ``_JOB_ROWS`` or ``_JOB_RANGE``.
+
+    By position: a SQLAlchemy row's attribute goes through its ``__getattr__``, and fourteen
+    of them were 8.6 us a row against 0.95 for the whole row unpacked (a window is 512 jobs).
+    """
+    (job_id, job_group_id, state, cancelled, always_run, cores_mcpu, inst_coll, n_attempts,
+     n_max_attempts, attempt_id, n_pending_parents, user, billing_project, resource_usage) = r
+    return JobRow(int(job_id), int(job_group_id), state, bool(cancelled), bool(always_run),
+                  int(cores_mcpu), str(inst_coll), int(n_attempts), int(n_max_attempts),
+                  attempt_id, int(n_pending_parents), str(user), str(billing_project),
+                  resource_usage)
 
 
 def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
