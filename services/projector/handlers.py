@@ -563,8 +563,7 @@ class Handler:
 
     def _update_attempt(self, b: int, j: int, attempt_id: str, values: dict[str, Any]) -> None:
         """Set columns of an attempt, in the database and in the cache (if it is there)."""
-        self._w.emit([Update("attempts", values,
-                             {"batch_id": b, "job_id": j, "attempt_id": attempt_id})])
+        self._w.update_row("attempts", (b, j, attempt_id), values)
         att = self._batch(b).attempts.get((j, attempt_id))
         if att is not None:
             for column in ("start_time_ms", "rollup_time_ms", "end_time_ms"):
@@ -594,8 +593,7 @@ class Handler:
         job_usage = usage_of_text(row.resource_usage)
         add_usage(job_usage, att.resources, interval[1] - interval[0])
         row.resource_usage = usage_text(job_usage)
-        self._w.emit([Update("jobs", {"resource_usage": row.resource_usage},
-                             {"batch_id": b, "job_id": j})])
+        self._w.update_row("jobs", (b, j), {"resource_usage": row.resource_usage})
 
     def _start(self, event: JobScheduled | JobStarted, now: int) -> None:
         """SJ or MJS: the attempt exists; a Ready (or Creating) job becomes Running.
@@ -620,7 +618,7 @@ class Handler:
         if isinstance(event, JobStarted) and (values or row.attempt_id == event.attempt_id):
             values["start_time_ms"] = event.start_time_ms
         if values:
-            self._w.emit([Update("jobs", values, {"batch_id": b, "job_id": j})])
+            self._w.update_row("jobs", (b, j), values)
 
     def _completed(self, event: JobCompleted, now: int) -> None:
         """MJC: the first completion of a job decides its state; duplicates only fill times."""
@@ -652,9 +650,8 @@ class Handler:
         facts = self._facts(b, row)
         self._w.move(facts, "Running", "Ready", self._ancestors(b, facts.job_group_id),
                      self._token)
-        self._w.emit([Update("jobs", {"state": "Ready", "attempt_id": None,
-                                      "instance_name": None},
-                             {"batch_id": b, "job_id": j})])
+        self._w.update_row("jobs", (b, j), {"state": "Ready", "attempt_id": None,
+                                            "instance_name": None})
         row.state, row.attempt_id = "Ready", None
 
     def _job_cancelled(self, event: JobCancelled, now: int) -> None:
@@ -698,8 +695,7 @@ class Handler:
         ancestors = self._ancestors(b, facts.job_group_id)
         progress = self._progress(b, ancestors)  # loaded before the move below changes it
         self._w.move(facts, row.state, state, ancestors, self._token)
-        self._w.emit([Update("jobs", {"state": state, **values},
-                             {"batch_id": b, "job_id": facts.job_id})])
+        self._w.update_row("jobs", (b, facts.job_id), {"state": state, **values})
         row.state = state
         row.attempt_id = values.get("attempt_id", row.attempt_id)
         for g in ancestors:  # a live job became complete: n_completed + 1 up the tree

@@ -340,6 +340,23 @@ class Writer:
                     self._undefer(op.table)
             self._pending.append(op)
 
+    def update_row(self, table: str, key: tuple[Value, ...], values: Mapping[str, Value]
+                   ) -> None:
+        """Set ``values`` of one row of a table in ``DEFERRED_KEYS`` by its primary key (in
+        that order): ``emit([Update(table, values, dict(zip(keys, key)))])`` without the op.
+
+        The projector's handlers set a few columns of a job and its attempt per execution
+        event; the op and emit's checks of it cost more than the merge itself.
+        """
+        deferred = self._deferred.get(table)
+        if deferred is None:
+            deferred = self._deferred[table] = {}
+        row = deferred.get(key)
+        if row is None:
+            deferred[key] = dict(values)
+        else:
+            row.update(values)
+
     def accrue(self, who: Billed, quantities: Mapping[str, int], from_ms: int, to_ms: int,
                token: int) -> None:
         """Bill an interval into the rollups: ``emit(accrue(...))`` without the ops."""
