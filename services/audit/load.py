@@ -88,7 +88,7 @@ _LOADABLE = _NUMBERS | _TEXTS
 _SPECIAL = tuple(chr(c) for c in _ESCAPES)
 
 
-def column(values: list[object], kinds: set[type] | None = None) -> list[str]:
+def column(values: Sequence[object], kinds: set[type] | None = None) -> list[str]:
     """The load-file fields of one column's ``values``, as :func:`text` renders each.
 
     A whole column at a time, in C calls: a rebuild loads a million rows, and rendering value
@@ -107,7 +107,7 @@ def column(values: list[object], kinds: set[type] | None = None) -> list[str]:
         joined = "".join(filter(None, values))  # type: ignore[arg-type]  # texts only
         if not any(c in joined for c in _SPECIAL):
             if kinds == _STRS:
-                return cast(list[str], values)
+                return list(cast(Sequence[str], values))
             return list(map(_SCALARS.get, values, values))  # type: ignore[arg-type]
     return list(map(text, values))
 
@@ -116,7 +116,7 @@ _INTS = frozenset({int})
 _STRS = frozenset({str})
 
 
-def _kinds(values: list[object]) -> set[type]:
+def _kinds(values: Sequence[object]) -> set[type]:
     kinds = set(map(type, values))
     if not kinds <= _LOADABLE:
         odd = min(k.__name__ for k in kinds - _LOADABLE)
@@ -136,8 +136,14 @@ def lines(columns: Sequence[str], rows: Sequence[Row]) -> tuple[list[str], list[
     varying: list[tuple[str, list[str]]] = []
     shared: list[tuple[str, str]] = []
     n = len(rows)
-    for c in columns:
-        values = list(map(itemgetter(c), rows))
+    # Each row's values at once, then turned into columns: one pass over the rows. A pass
+    # per column went over every row's dict again (a batch's rows are hundreds of MB at a
+    # million jobs): 3x the time of this at 20,000 jobs rows of 26 columns (measured).
+    if len(columns) == 1:
+        by_column: list[Sequence[object]] = [list(map(itemgetter(columns[0]), rows))]
+    else:
+        by_column = list(zip(*map(itemgetter(*columns), rows), strict=True))
+    for c, values in zip(columns, by_column, strict=True):
         first = values[0]
         kinds = _kinds(values)
         # One kind, all equal: one text (equal values of one loadable kind render alike).
