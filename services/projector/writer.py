@@ -52,6 +52,21 @@ DEFERRED_KEYS: dict[str, tuple[str, ...]] = {
     "attempts": ("batch_id", "job_id", "attempt_id"),
 }
 """Tables whose single-row updates by primary key are deferred and merged (see above)."""
+
+
+def _key_getter(keys: tuple[str, ...]) -> Callable[[Row], tuple[Value, ...]]:
+    """A row's values of ``keys``, as a tuple (KeyError if the row lacks one)."""
+    if len(keys) > 1:
+        return cast(Callable[[Row], tuple[Value, ...]], itemgetter(*keys))
+    (key,) = keys
+
+    def one(row: Row) -> tuple[Value, ...]:
+        return (row[key],)
+    return one
+
+
+_KEY_OF = {table: _key_getter(keys) for table, keys in DEFERRED_KEYS.items()}
+"""A row's primary key in the order of ``DEFERRED_KEYS``."""
 COLUMN_DEFAULTS: dict[str, dict[str, Value]] = {
     "jobs": {"state": "Pending", "n_pending_parents": 0, "always_run": False,
              "n_max_attempts": 20, "memory_bytes": 0, "storage_gib": 0, "machine_type": None,
@@ -373,7 +388,12 @@ class Writer:
             return False
         match op:
             case InsertIgnore(rows=rows) | Upsert(rows=rows):
-                return any(tuple(r.get(k) for k in keys) in deferred for r in rows)
+                # In C: the projector inserts an attempt's row per SJ, and a bunch's 1,024 job
+                # rows while earlier jobs' updates are deferred.
+                try:
+                    return not deferred.keys().isdisjoint(map(_KEY_OF[op.table], rows))
+                except KeyError:  # a row without every key column: compare as None
+                    return any(tuple(r.get(k) for k in keys) in deferred for r in rows)
             case UpdateIn(where=where, column=column, values_in=ids) if (
                     set(where) | {column} == set(keys)):
                 return any(tuple(where[k] if k != column else i for k in keys) in deferred
