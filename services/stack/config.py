@@ -68,13 +68,16 @@ class StackSettings(msgspec.Struct, frozen=True, kw_only=True):
         return self.seaweed_base_port + SEAWEED_GRPC_PORTS[name]
 
 
-LOCAL_WORKER_CORES = 32
+LOCAL_WORKER_CORES = 48
 """Cores each worker of the one-machine stack announces (``HS_SCHEDULER_WORKER_CORES``
 overrides; the scheduler's own default, 16, sizes cloud VMs). Local workers are processes
-sharing this machine's cores, so their cores are slots: at 0.25 core a job, two workers hold 256
+sharing this machine's cores, so their cores are slots: at 0.25 core a job, two workers hold 384
 jobs at once, enough to cover a job's round trip (dispatch, the worker's linger, the broker's
 fetch wait, the scheduler's round) at the 1,000 no-op jobs/s of issue 6. With 16 and the fetch
-wait of 60 ms, the machine idled 16% of a run waiting (bench.ab, 3 pairs of 100,000 jobs)."""
+wait of 60 ms, the machine idled 16% of a run waiting (bench.ab, 3 pairs of 100,000 jobs); 32
+covered that wait, 48 covers the 120 ms wait of
+:data:`services.common.settings.LOCAL_BROKER_FETCH_MAX_WAIT_MS` (some 206 jobs were in flight
+at 60 ms, slow hour)."""
 
 
 LOCAL_PROJECTOR_NICE = 15
