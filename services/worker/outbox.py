@@ -82,7 +82,9 @@ class Outbox:
         self._pending.append((event, done))
         if self._task is None:
             self._task = asyncio.create_task(self._drain(), name="outbox")
-        await asyncio.shield(done)
+        # Not shielded: the event is in the list, and a cancelled ``done`` (its only waiter
+        # cancelled) leaves it there. A shield per event was two more futures per job.
+        await done
 
     async def _drain(self) -> None:
         try:

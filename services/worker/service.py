@@ -44,7 +44,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Self
@@ -80,6 +80,8 @@ log = logging.getLogger(__name__)
 MAX_RETRY_S = 60.0
 FINISHED_MEMORY = 10_000  # finished attempts remembered for idempotence (most recent first out)
 JOB_PATH = "/api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}"
+# The shortest time between two sweeps of the MJS due (an MJS goes out at most this late).
+_START_SWEEP_S = 0.05
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -144,7 +146,8 @@ class _Attempt:
     task: asyncio.Task[None] | None = None
     running: bool = False  # in the runtime's run: a DELETE cancels the task, the run ends it
     outcome: Outcome | None = None  # set when the process ended: its cores are free
-    start_due: asyncio.TimerHandle | None = None  # the MJS waits for this, unless it ends first
+    start_ms: int = 0  # when the worker started the attempt (its MJS's start time)
+    start_due: bool = False  # its MJS waits in the worker's sweep, unless it ends first
     started: asyncio.Task[None] | None = None  # the MJS being published
     cancel_requested: bool = False  # a DELETE: report Cancelled
     abandoned: bool = False  # the worker shuts down: report nothing
@@ -183,6 +186,10 @@ class Worker:
         self._spec_reads: dict[int, asyncio.Future[None]] = {}  # by batch: see _spec_text
         self._n_workdirs = 0
         self._attempts: dict[AttemptKey, _Attempt] = {}
+        # Attempts whose MJS is due at a loop time, in that order (one delay for all): one
+        # timer sweeps them, not a timer per attempt that the job's end mostly cancels.
+        self._starts_due: deque[tuple[float, _Attempt]] = deque()
+        self._start_sweep: asyncio.TimerHandle | None = None
         # The cores of the attempts whose process has not ended (counted, not summed over the
         # attempts for every dispatch: a worker holds a hundred or more at once).
         self._busy_mcpu = 0
@@ -238,6 +245,9 @@ class Worker:
             return
         self._stopped = True
         self._accepting = False
+        if self._start_sweep is not None:  # no MJS after this: the attempts end unreported
+            self._start_sweep.cancel()
+            self._start_sweep = None
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             await asyncio.gather(self._heartbeats, return_exceptions=True)
@@ -348,11 +358,8 @@ class Worker:
     async def _attempt(self, attempt: _Attempt) -> None:
         job = attempt.job
         try:
-            start = self._clock()
-            self._report_start(attempt, JobStarted(
-                batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
-                instance_name=self._settings.instance_name, start_time_ms=start,
-                resources=job.resources))
+            start = attempt.start_ms = self._clock()
+            self._report_start(attempt)
             spec, error = job.spec, None
             if attempt.request is None and not attempt.cancel_requested:
                 spec, error = await self._load_spec(attempt)
@@ -372,9 +379,8 @@ class Worker:
                 user=job.user, worker=self._settings.instance_name,
                 region=self._settings.region, start_time_ms=start,
                 end_time_ms=ended.end_time_ms, resources=job.resources, error=error)
-            if attempt.start_due is not None:  # ended before its MJS was due: the MJC says it
-                attempt.start_due.cancel()
-                attempt.start_due = None
+            if attempt.start_due:  # ended before its MJS was due: the MJC says it
+                attempt.start_due = False
                 worker_metrics.start_coalesced()
             if attempt.started is not None:
                 await attempt.started  # the log keeps MJS before MJC
@@ -384,8 +390,7 @@ class Worker:
         except Exception:  # the attempt's top level: log what went wrong, keep the worker up
             log.exception("attempt %s failed in the worker", attempt.key)
         finally:
-            if attempt.start_due is not None:
-                attempt.start_due.cancel()
+            attempt.start_due = False  # the sweep skips it
             if attempt.started is not None and not attempt.started.done():
                 attempt.started.cancel()  # abandoned or failed: a pending MJS must not outlive it
             if attempt.outcome is None:  # failed in the worker before its process ended
@@ -399,21 +404,42 @@ class Worker:
         attempt.outcome = outcome
         self._busy_mcpu -= attempt.job.cores_mcpu
 
-    def _report_start(self, attempt: _Attempt, event: JobStarted) -> None:
+    def _report_start(self, attempt: _Attempt) -> None:
         """Publish the MJS once the attempt has run ``start_report_ms`` (at once for 0).
 
         It goes to the log while the job runs (not before: that would add a broker round trip
         to every job), and the MJC is published only after it, so the log keeps their order.
         """
-        def due() -> None:
-            attempt.start_due = None
-            attempt.started = asyncio.create_task(self._report(event))
-
         delay_ms = self._settings.start_report_ms
         if delay_ms <= 0:
-            due()
-        else:
-            attempt.start_due = asyncio.get_running_loop().call_later(delay_ms / 1000, due)
+            self._publish_start(attempt)
+            return
+        loop = asyncio.get_running_loop()
+        attempt.start_due = True
+        self._starts_due.append((loop.time() + delay_ms / 1000, attempt))
+        if self._start_sweep is None:
+            self._start_sweep = loop.call_at(self._starts_due[0][0], self._sweep_starts)
+
+    def _sweep_starts(self) -> None:
+        """Publish the MJS of every attempt due by now that has not ended, and come back for
+        the next one, at most every ``_START_SWEEP_S`` (an MJS may go out that much late)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        due = self._starts_due
+        while due and due[0][0] <= now:
+            attempt = due.popleft()[1]
+            if attempt.start_due:
+                self._publish_start(attempt)
+        self._start_sweep = (loop.call_at(max(due[0][0], now + _START_SWEEP_S),
+                                          self._sweep_starts) if due else None)
+
+    def _publish_start(self, attempt: _Attempt) -> None:
+        job = attempt.job
+        attempt.start_due = False
+        attempt.started = asyncio.create_task(self._report(JobStarted(
+            batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
+            instance_name=self._settings.instance_name, start_time_ms=attempt.start_ms,
+            resources=job.resources)))
 
     def _run_request(self, job: JobRequest, spec: Any) -> RunRequest:
         """The main container of ``spec``; KeyError, TypeError or ValueError if malformed."""

@@ -107,11 +107,17 @@ class Spawner:
         weakref.WeakKeyDictionary())
     _open: set[Spawner] = set()  # until closed: a helper is waited for, never just dropped
 
+    _last: Spawner | None = None  # the one asked for last: a worker runs on one loop
+
     @classmethod
     def for_loop(cls, loop: asyncio.AbstractEventLoop, path: str) -> Spawner:
+        spawner = cls._last
+        if spawner is not None and spawner._loop is loop and not spawner._closed:
+            return spawner  # without the weak dictionary's lookup, once per job
         spawner = cls._by_loop.get(loop)
         if spawner is None or spawner._closed:
             spawner = cls._by_loop[loop] = cls(loop, path)
+        cls._last = spawner
         return spawner
 
     def __init__(self, loop: asyncio.AbstractEventLoop, path: str) -> None:

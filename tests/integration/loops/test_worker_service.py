@@ -33,6 +33,7 @@ from services.common.specstore import LocalSpecStore
 from services.scheduler.dispatch import Attempt, Delivery, WorkerClient
 from services.worker.__main__ import load_worker_settings
 from services.worker.logstore import LocalLogStore
+from services.worker.outbox import Outbox
 from services.worker.runtime import FileLogSink, time_ms
 from services.worker.service import Worker, WorkerSettings
 
@@ -415,6 +416,37 @@ async def test_a_longer_attempt_reports_its_start_while_it_runs_and_heartbeats_a
     assert all(isinstance(e, AttemptHeartbeat) for e in mine[1:-1]) and len(mine) >= 4
 
 
+async def test_attempts_started_apart_each_report_their_start_after_their_own_delay(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    # One sweep serves every attempt's MJS: each goes out once its own attempt has run the
+    # delay, whatever the others do; one that ends first reports none; stopping the worker
+    # with MJS still due publishes nothing more and leaves no timer behind.
+    pidfile = tmp_path / "pids"
+    delay_s = 0.4
+    async with running(log_settings, tmp_path, start_report_ms=int(delay_s * 1000)) as env:
+        loop = asyncio.get_running_loop()
+        posted = {}
+        for job_id in (1, 2):
+            await env.post(job_id, "a1", sleeper(pidfile))
+            posted[job_id] = loop.time()
+            await asyncio.sleep(0.25)
+        await env.post(3, "a1", spec("true"))
+        await env.wait_for(completed(3))
+        for job_id in (1, 2):
+            await env.wait_for(started(job_id))
+            assert loop.time() - posted[job_id] >= delay_s  # not before its own delay
+        await env.post(4, "a1", sleeper(pidfile))  # its MJS still due when the worker stops
+        await pids_in(pidfile, 3)
+        await env.worker.stop()  # idempotent: leaving the block stops it again
+        assert env.worker._start_sweep is None
+        await asyncio.sleep(delay_s)  # past job 4's due time
+        await env.settle()
+    assert len(env.of(JobStarted, 1)) == len(env.of(JobStarted, 2)) == 1
+    assert env.of(JobStarted, 3) == [] and env.of(JobStarted, 4) == []
+    (mjc,) = env.of(JobCompleted, 3)
+    assert mjc.start_reported is False
+
+
 def _sample(name: str, **labels: str) -> float:
     return metrics.REGISTRY.get_sample_value(name, labels or None) or 0.0
 
@@ -599,3 +631,31 @@ async def test_a_delivery_of_one_bunch_reads_the_bunch_once(log_settings: LogSet
     # One read per bunch, and the missing spec's (the second bunch may be found by the
     # read of another job of it, or by one of its own): never one per attempt.
     assert 2 <= store.reads <= 4, store.reads
+
+
+async def test_an_event_put_in_the_outbox_goes_out_even_when_its_waiter_is_cancelled(
+        log_settings: LogSettings) -> None:
+    # The worker cancels an attempt's task when it shuts down or abandons it: what it put in
+    # the outbox before that still reaches the log, with the events put after it.
+    log_settings = msgspec.structs.replace(log_settings, partitions=1)
+    await bootstrap_topics(log_settings)
+    beats = [AttemptHeartbeat(batch_id=BATCH, job_id=j, attempt_id="a1", instance_name="w-1",
+                              rollup_time_ms=j) for j in (1, 2, 3)]
+    options = ConsumerOptions(name="reader", topics=[TOPIC_BATCH], group=False)
+    async with Publisher(log_settings) as publisher, LogConsumer(log_settings,
+                                                                 options) as consumer:
+        outbox = Outbox(publisher, linger_s=0.2, retry_s=0.05, max_retry_s=1.0)
+        try:
+            first = asyncio.create_task(outbox.put(beats[0]))
+            await asyncio.sleep(0.02)  # in the outbox, lingering
+            first.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await first
+            await asyncio.gather(outbox.put(beats[1]), outbox.put(beats[2]))
+        finally:
+            await outbox.close()
+        seen: list[Event] = []
+        async with asyncio.timeout(30):
+            while not all(b in seen for b in beats):
+                seen += [r.envelope.event for r in await consumer.next_batch()]
+    assert [e for e in seen if e in beats] == beats
