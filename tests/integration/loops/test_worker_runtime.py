@@ -179,10 +179,19 @@ async def test_not_executable_is_an_error_outcome(tmp_path: Path) -> None:
     assert (outcome.state, outcome.short_error) == ("Error", "permission denied")
 
 
-async def test_missing_working_directory_is_an_error_outcome(tmp_path: Path) -> None:
-    outcome, _ = await _run(["true"], tmp_path / "missing")
-    assert outcome.state == "Error"
-    assert outcome.error is not None and "does not exist" in outcome.error
+@pytest.mark.parametrize("where", ["missing", "a-file"])
+@pytest.mark.parametrize("command", [["true"], ["no-such-executable-here"]])
+async def test_missing_working_directory_is_an_error_outcome(tmp_path: Path, where: str,
+                                                             command: list[str]) -> None:
+    # The directory is looked at only once a start failed (ENOENT or ENOTDIR, as for a missing
+    # executable): its error, not the executable's, whichever of the two is missing.
+    (tmp_path / "a-file").write_text("not a directory")
+    cwd = tmp_path / where
+    outcome, log = await _run(command, cwd)
+    error = f"working directory `{cwd}` does not exist"
+    assert (outcome.state, outcome.exit_code) == ("Error", None)
+    assert (outcome.error, outcome.short_error) == (error, "no working directory")
+    assert log == f"{error}\n".encode()
 
 
 async def test_timeout_kills_and_reports_the_reference_error(tmp_path: Path) -> None:
