@@ -182,3 +182,31 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_arguments_and_environment_reach_the_job_byte_for_byte(tmp_path: Path) -> None:
+    # Encoded as os.fsencode encodes each string: UTF-8, undecodable bytes (surrogate escapes)
+    # given back as they were.
+    raw = b"caf\xc3\xa9 \xff\xfe end"
+    value = os.fsdecode(raw)
+    log = MemoryLogSink()
+    outcome = await _runtime().run(RunRequest(
+        command=["sh", "-c", 'printf "%s|%s" "$1" "$SPECIAL"', "sh", value],
+        env={"SPECIAL": value}, cwd=str(tmp_path)), log)
+    assert (outcome.state, outcome.exit_code) == ("Success", 0)
+    assert log.getvalue() == raw + b"|" + raw
+
+
+@pytest.mark.parametrize(("argv", "env"), [(["true", "a\0b"], {}), (["true"], {"A": "x\0y"}),
+                                           (["true"], {"A\0B": "x"})])
+async def test_a_null_byte_in_an_argument_or_the_environment_is_refused(
+        tmp_path: Path, argv: list[str], env: dict[str, str]) -> None:
+    read_fd, write_fd = os.pipe()
+    try:
+        spawner = _spawner()
+        with pytest.raises(ValueError, match="embedded null byte"):
+            spawner.start(argv, env, str(tmp_path), write_fd)
+        assert spawner._children == {}  # nothing was sent
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
