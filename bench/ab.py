@@ -33,15 +33,16 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -218,8 +219,60 @@ def _start(arm: Arm, scenario: list[str], stack: str, tmp: Path, log: Path
             env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _result(arm: Arm, scenario: str, proc: subprocess.Popen[bytes], log: Path
-            ) -> dict[str, Any]:
+PORT_TAKEN = "already in use"
+"""What a stack's ``up`` says when a port of its block is taken (services/stack)."""
+
+
+class Process(Protocol):
+    """What :func:`run_step` needs of a run's process (a ``subprocess.Popen``)."""
+
+    def poll(self) -> int | None: ...
+    def send_signal(self, sig: int) -> None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+def run_step(names: Sequence[str], start: Callable[[str, int], tuple[Process, Path]],
+             result: Callable[[str, Process, Path], dict[str, Any]], *, retries: int = 1
+             ) -> dict[str, dict[str, Any]]:
+    """Run one step's arms (both at once with ``--together``): their results by arm name.
+
+    ``start(name, attempt)`` launches an arm's run, ``result(name, process, log)`` waits for it
+    and raises RuntimeError when it failed. Then the step's other runs still going get SIGINT
+    and are waited for, so that each bench's ``finally`` takes its stack down: a stack left
+    running taxes every later run. A step that failed on a taken port runs again, up to
+    ``retries`` times: the two stacks of a step each pick a free block of ports, and one may
+    bind a port of the other's block before that one starts.
+    """
+    for attempt in range(retries + 1):
+        runs = [(name, *start(name, attempt)) for name in names]
+        try:
+            return {name: result(name, proc, log) for name, proc, log in runs}
+        except RuntimeError as e:
+            stop([proc for _, proc, _ in runs])
+            if attempt < retries and PORT_TAKEN in str(e):
+                print(f"a port was taken ({e.args[0].splitlines()[0]}): the step again",
+                      flush=True)
+                continue
+            raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def stop(processes: Sequence[Process], timeout_s: float = 120.0) -> None:
+    """SIGINT the runs still going and wait for them (their stacks go down); kill the ones
+    that do not end within ``timeout_s``."""
+    for proc in processes:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in processes:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _result(arm: Arm, scenario: str, proc: Process, log: Path) -> dict[str, Any]:
     code = proc.wait()
     text = log.read_text()
     wrote = [line.split(" ", 1)[1] for line in text.splitlines() if line.startswith("wrote ")]
@@ -271,14 +324,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         steps = [runs[i:i + 2] for i in range(0, len(runs), 2)] if args.together else [
             [name] for name in runs]
         for i, step in enumerate(steps):
-            started, procs = time.strftime("%H:%M:%S"), []
-            for name in step:
-                tmp = root / f"run-{i}-{name}"
+            started = time.strftime("%H:%M:%S")
+
+            def start(name: str, attempt: int, i: int = i) -> tuple[Process, Path]:
+                tmp = root / (f"run-{i}-{name}" + (f"-{attempt}" if attempt else ""))
                 tmp.mkdir()
-                log = root / f"run-{i}-{name}.log"
-                procs.append((name, _start(arms[name], command, args.stack, tmp, log), log))
-            for name, proc, log in procs:
-                got = _result(arms[name], args.scenario, proc, log)
+                log = tmp.with_suffix(".log")
+                return _start(arms[name], command, args.stack, tmp, log), log
+
+            step_results = run_step(
+                step, start, lambda name, proc, log: _result(arms[name], args.scenario, proc, log))
+            for name in step:
+                got = step_results[name]
                 results[name].append(got)
                 arm = arms[name]
                 rate = (f"{got['submit_seconds']} s submit" if ingest

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import signal
 import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.ab import JOBS, compare, figures, order, paired, submit_figures, t975
+from bench.ab import (
+    JOBS,
+    PORT_TAKEN,
+    compare,
+    figures,
+    order,
+    paired,
+    run_step,
+    submit_figures,
+    t975,
+)
 
 
 def test_order_alternates_which_arm_runs_first() -> None:
@@ -136,3 +150,74 @@ def test_submit_figures_without_the_batchs_creation_time() -> None:
     got = submit_figures({"submit_seconds": 30.0, "cpu_ms_per_job_total": 0.1,
                           "cpu_ms_per_job": {}})
     assert got == {"submit s": 30.0, "CPU ms/job, total": 0.1}
+
+
+class FakeRun:
+    """A run's process that ends by itself (``ends_with``) or on SIGINT (its stack down)."""
+
+    def __init__(self, ends_with: int | None) -> None:
+        self.code = ends_with
+        self.signals: list[int] = []
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+        self.code = -sig
+
+    def wait(self, timeout: float | None = None) -> int:
+        assert self.code is not None, "waited for a run nothing ends"
+        return self.code
+
+    def kill(self) -> None:
+        self.code = -9
+
+
+def _step(failures: dict[tuple[str, int], str]) -> tuple[
+        Callable[[str, int], tuple[FakeRun, Path]],
+        Callable[[str, Any, Path], dict[str, Any]], list[tuple[str, int, FakeRun]]]:
+    """start/result functions of a step whose arm ``name`` fails on attempt ``n`` with
+    ``failures[(name, n)]``; the other arms' runs still going when one fails."""
+    started: list[tuple[str, int, FakeRun]] = []
+
+    def start(name: str, attempt: int) -> tuple[FakeRun, Path]:
+        run = FakeRun(1 if (name, attempt) in failures else None)
+        started.append((name, attempt, run))
+        return run, Path(f"run-{name}-{attempt}.log")
+
+    def result(name: str, proc: Any, log: Path) -> dict[str, Any]:
+        attempt = int(log.stem.rsplit("-", 1)[1])
+        if (name, attempt) in failures:
+            raise RuntimeError(f"arm {name} failed with code 1:\n{failures[(name, attempt)]}")
+        proc.code = 0
+        return {"arm": name, "attempt": attempt}
+
+    return start, result, started
+
+
+def test_a_step_with_a_taken_port_runs_again_and_its_other_arm_is_stopped_first() -> None:
+    start, result, started = _step({("a", 0): f"up failed: ingest: port(s) [29605] {PORT_TAKEN}"})
+    got = run_step(["a", "b"], start, result)
+    assert got == {"a": {"arm": "a", "attempt": 1}, "b": {"arm": "b", "attempt": 1}}
+    (b0,) = [run for name, n, run in started if (name, n) == ("b", 0)]
+    assert b0.signals == [signal.SIGINT]  # its bench's finally takes its stack down
+    assert [(name, n) for name, n, _ in started] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+
+
+def test_a_step_failing_otherwise_stops_the_other_arm_and_raises() -> None:
+    start, result, started = _step({("a", 0): "Traceback: something else"})
+    with pytest.raises(RuntimeError, match="something else"):
+        run_step(["a", "b"], start, result)
+    assert [(name, n, run.signals) for name, n, run in started] == [
+        ("a", 0, []), ("b", 0, [signal.SIGINT])]
+
+
+def test_a_port_taken_again_and_again_is_reported_after_the_retries() -> None:
+    taken = f"port(s) [1] {PORT_TAKEN}"
+    start, result, started = _step({("b", 0): taken, ("b", 1): taken})
+    with pytest.raises(RuntimeError, match=PORT_TAKEN):
+        run_step(["a", "b"], start, result, retries=1)
+    assert len(started) == 4
+    # A finished arm is not signalled: only runs still going are.
+    assert all(run.signals == [] for _, _, run in started)
