@@ -80,7 +80,7 @@ log = logging.getLogger(__name__)
 MAX_RETRY_S = 60.0
 FINISHED_MEMORY = 10_000  # finished attempts remembered for idempotence (most recent first out)
 JOB_PATH = "/api/v1alpha/jobs/{batch_id}/{job_id}/{attempt_id}"
-# The shortest time between two sweeps of the MJS due (an MJS goes out at most this late).
+# The shortest time between two sweeps of the MJS due (an MJS goes out at most this early).
 _START_SWEEP_S = 0.05
 
 
@@ -421,17 +421,21 @@ class Worker:
             self._start_sweep = loop.call_at(self._starts_due[0][0], self._sweep_starts)
 
     def _sweep_starts(self) -> None:
-        """Publish the MJS of every attempt due by now that has not ended, and come back for
-        the next one, at most every ``_START_SWEEP_S`` (an MJS may go out that much late)."""
+        """Publish the MJS of every attempt that has not ended and is due within
+        ``_START_SWEEP_S``, and come back when the next one is due.
+
+        An MJS goes out up to that much early, never late: an attempt that runs just its delay
+        (a job with a timeout as long as the delay) still reports its start, and sweeps stay at
+        least that far apart.
+        """
         loop = asyncio.get_running_loop()
-        now = loop.time()
+        horizon = loop.time() + _START_SWEEP_S
         due = self._starts_due
-        while due and due[0][0] <= now:
+        while due and due[0][0] <= horizon:
             attempt = due.popleft()[1]
             if attempt.start_due:
                 self._publish_start(attempt)
-        self._start_sweep = (loop.call_at(max(due[0][0], now + _START_SWEEP_S),
-                                          self._sweep_starts) if due else None)
+        self._start_sweep = loop.call_at(due[0][0], self._sweep_starts) if due else None
 
     def _publish_start(self, attempt: _Attempt) -> None:
         job = attempt.job

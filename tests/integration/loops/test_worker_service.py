@@ -35,7 +35,7 @@ from services.worker.__main__ import load_worker_settings
 from services.worker.logstore import LocalLogStore
 from services.worker.outbox import Outbox
 from services.worker.runtime import FileLogSink, time_ms
-from services.worker.service import Worker, WorkerSettings
+from services.worker.service import _START_SWEEP_S, Worker, WorkerSettings
 
 pytestmark = pytest.mark.integration
 
@@ -432,9 +432,15 @@ async def test_attempts_started_apart_each_report_their_start_after_their_own_de
             await asyncio.sleep(0.25)
         await env.post(3, "a1", spec("true"))
         await env.wait_for(completed(3))
-        for job_id in (1, 2):
-            await env.wait_for(started(job_id))
-            assert loop.time() - posted[job_id] >= delay_s  # not before its own delay
+        await env.wait_for(started(1))
+        assert loop.time() - posted[1] >= delay_s - _START_SWEEP_S  # not before its own delay
+        # The sweep comes back when job 2 is due, not later: an MJS is never late.
+        assert env.worker._start_sweep is not None
+        # (uvloop keeps timers to the millisecond)
+        assert env.worker._start_sweep.when() == pytest.approx(env.worker._starts_due[0][0],
+                                                               abs=0.002)
+        await env.wait_for(started(2))
+        assert loop.time() - posted[2] >= delay_s - _START_SWEEP_S
         await env.post(4, "a1", sleeper(pidfile))  # its MJS still due when the worker stops
         await pids_in(pidfile, 3)
         await env.worker.stop()  # idempotent: leaving the block stops it again
@@ -445,6 +451,28 @@ async def test_attempts_started_apart_each_report_their_start_after_their_own_de
     assert env.of(JobStarted, 3) == [] and env.of(JobStarted, 4) == []
     (mjc,) = env.of(JobCompleted, 3)
     assert mjc.start_reported is False
+
+
+async def test_an_attempt_that_runs_just_its_delay_reports_its_start(
+        log_settings: LogSettings, tmp_path: Path) -> None:
+    # Job 2 is due 20 ms after job 1, and its timeout equals the delay. The sweep at job 1's
+    # due time takes job 2's MJS too (early, never late), so it goes out before the timeout,
+    # which starts later than the attempt, ends the job. A sweep that came back 50 ms later
+    # found job 2 ended, and its start was never reported.
+    pidfile = tmp_path / "pids"
+    delay_ms = 300
+    async with running(log_settings, tmp_path, start_report_ms=delay_ms) as env:
+        await env.post(1, "a1", sleeper(pidfile))
+        await asyncio.sleep(0.02)
+        await env.post(2, "a1", {**spec("sleep", "30"), "timeout": delay_ms / 1000})
+        await env.wait_for(completed(2))
+        await env.delete(1, "a1")
+        await env.wait_for(completed(1))
+        await env.settle()
+    (mjc,) = env.of(JobCompleted, 2)
+    assert mjc.state == "Error" and mjc.start_reported is True
+    (mjs,) = env.of(JobStarted, 2)
+    assert env.events.index(mjs) < env.events.index(mjc)
 
 
 def _sample(name: str, **labels: str) -> float:
