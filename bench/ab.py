@@ -16,9 +16,10 @@ An arm is a git ref (checked out in a temporary worktree; ``.`` is a copy of thi
 stands at the start, uncommitted changes and all, so editing it meanwhile changes no run) plus
 environment variables for its stack, so a setting is compared by giving only ``--b-env``. Each
 run is ``python -m bench execution`` of the arm's own code, in a process of its own, on the
-venvs of this checkout; with ``--scenario ingest``, ``python -m bench ingest --submit-only``:
-the submit's time, its server part and each component's CPU per job (the arm's ref must have
-``--submit-only``).
+venvs of this checkout (or, with ``--a-venv``/``--b-venv`` and ``--a-hail-venv``/
+``--b-hail-venv``, on others: to compare two Python builds); with ``--scenario ingest``,
+``python -m bench ingest --submit-only``: the submit's time, its server part and each
+component's CPU per job (the arm's ref must have ``--submit-only``).
 
 Beside the rate and each component's CPU per job, the comparison shows the stack's own CPU per
 job (all but the jobs' processes) relative to the jobs' processes' CPU: every job execs
@@ -36,7 +37,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -177,6 +177,7 @@ class Arm:
     ref: str
     env: dict[str, str]
     directory: Path
+    """The arm's code, with its venvs linked in as ``.venv`` and ``.venv-hail``."""
 
 
 def _env_pairs(items: Sequence[str]) -> dict[str, str]:
@@ -194,10 +195,15 @@ _NOT_COPIED = shutil.ignore_patterns(".git", ".venv", ".venv-hail", "results", "
                                      "node_modules", ".data")
 
 
-def _checkout(ref: str, root: Path) -> tuple[Path, bool]:
-    """A directory holding ``ref``'s code with this checkout's venvs linked in: a copy of this
-    checkout's files for ``.``, else a detached worktree of ``ref``; and whether it is a
-    worktree (to remove with git)."""
+VENVS = (".venv", ".venv-hail")
+
+
+def _checkout(ref: str, root: Path, venvs: Mapping[str, Path] | None = None
+              ) -> tuple[Path, bool]:
+    """A directory holding ``ref``'s code with venvs linked in (by default this checkout's;
+    ``venvs`` maps ``.venv`` or ``.venv-hail`` to others): a copy of this checkout's files for
+    ``.``, else a detached worktree of ``ref``; and whether it is a worktree (to remove with
+    git)."""
     where = Path(tempfile.mkdtemp(prefix="code-", dir=root))
     if ref == ".":
         where.rmdir()
@@ -205,8 +211,8 @@ def _checkout(ref: str, root: Path) -> tuple[Path, bool]:
     else:
         subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", "--quiet",
                         str(where), ref], check=True)
-    for venv in (".venv", ".venv-hail"):
-        (where / venv).symlink_to(REPO / venv)
+    for venv in VENVS:
+        (where / venv).symlink_to((venvs or {}).get(venv, REPO / venv))
     return where, ref != "."
 
 
@@ -215,7 +221,8 @@ def _start(arm: Arm, scenario: list[str], stack: str, tmp: Path, log: Path
     env = {**os.environ, **arm.env, "TMPDIR": str(tmp), "HS_BENCH_KEEP_FILES": "1"}
     with log.open("w") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "bench", *scenario, "--stack", stack], cwd=arm.directory,
+            [str(arm.directory / ".venv" / "bin" / "python"), "-m", "bench", *scenario,
+             "--stack", stack], cwd=arm.directory,
             env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -290,6 +297,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--b", default=".", help="git ref of arm B (default: this checkout)")
     parser.add_argument("--a-env", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--b-env", nargs="*", default=[], metavar="KEY=VALUE")
+    for side in ("a", "b"):
+        parser.add_argument(f"--{side}-venv", type=Path, metavar="DIR",
+                            help=f"arm {side.upper()}'s venv (default: this checkout's .venv); "
+                                 "its Python runs the bench and the stack")
+        parser.add_argument(f"--{side}-hail-venv", type=Path, metavar="DIR",
+                            help=f"arm {side.upper()}'s official client venv (default: "
+                                 "this checkout's .venv-hail)")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--exec-jobs", type=int, default=50_000)
     parser.add_argument("--scenario", choices=("execution", "ingest"), default="execution",
@@ -302,8 +316,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "see the same minute of the machine (CPU per job compares well; "
                              "each arm's rate is then about half its own)")
     args = parser.parse_args(argv)
-    if args.a == args.b and args.a_env == args.b_env:
-        parser.error("the two arms are the same: give --b (a ref) or --b-env")
+    venvs = {name: {venv: path.resolve() for venv, path in (
+        (".venv", getattr(args, f"{name}_venv")),
+        (".venv-hail", getattr(args, f"{name}_hail_venv"))) if path is not None}
+        for name in ("a", "b")}
+    for path in (p for arm_venvs in venvs.values() for p in arm_venvs.values()):
+        if not (path / "bin" / "python").exists():
+            parser.error(f"{path} is not a venv (no bin/python)")
+    if args.a == args.b and args.a_env == args.b_env and venvs["a"] == venvs["b"]:
+        parser.error("the two arms are the same: give --b (a ref), --b-env or --b-venv")
     runs = order(args.pairs)  # validates --pairs
     ingest = args.scenario == "ingest"
     command = (["ingest", "--submit-only", "--jobs", str(args.jobs)] if ingest
@@ -315,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         arms = {}
         for name, ref, env in (("a", args.a, args.a_env), ("b", args.b, args.b_env)):
-            directory, worktree = _checkout(ref, root)
+            directory, worktree = _checkout(ref, root, venvs[name])
             if worktree:
                 worktrees.append(directory)
             arms[name] = Arm(name, ref, _env_pairs(env), directory)
@@ -341,7 +362,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 rate = (f"{got['submit_seconds']} s submit" if ingest
                         else f"{got['noop_jobs_per_s']} jobs/s")
                 print(f"{started} step {i + 1}/{len(steps)} arm {name.upper()} ({arm.ref} "
-                      f"{' '.join(f'{k}={v}' for k, v in arm.env.items())}): "
+                      f"{' '.join(f'{k}={v}' for k, v in arm.env.items())}"
+                      f"{''.join(f' {v}={p}' for v, p in venvs[name].items())}): "
                       f"{rate}, {got['cpu_ms_per_job_total']} ms CPU/job", flush=True)
     finally:
         for wt in worktrees:

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from bench import ab
 from bench.ab import (
     JOBS,
     PORT_TAKEN,
@@ -221,3 +222,27 @@ def test_a_port_taken_again_and_again_is_reported_after_the_retries() -> None:
     assert len(started) == 4
     # A finished arm is not signalled: only runs still going are.
     assert all(run.signals == [] for _, _, run in started)
+
+
+def test_an_arm_runs_on_the_venvs_it_is_given(tmp_path: Path) -> None:
+    # --b-venv: the arm's .venv links to the given venv (its Python runs the bench and the
+    # stack), its .venv-hail stays this checkout's.
+    other = tmp_path / "other-venv"
+    (other / "bin").mkdir(parents=True)
+    where, worktree = ab._checkout(".", tmp_path, {".venv": other})
+    assert not worktree
+    assert (where / ".venv").resolve() == other.resolve()
+    assert (where / ".venv-hail").readlink() == ab.REPO / ".venv-hail"
+    assert (where / "bench" / "ab.py").read_text() == (ab.REPO / "bench" / "ab.py").read_text()
+
+
+def test_an_arm_venv_that_is_not_one_is_refused(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        ab.main(["--b-venv", str(tmp_path)])
+    assert "is not a venv" in capsys.readouterr().err
+
+
+def test_two_arms_differing_only_by_venv_are_not_the_same(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one pair"):  # past the sameness check
+        ab.main(["--b-venv", str(ab.REPO / ".venv"), "--pairs", "0"])
