@@ -1,7 +1,11 @@
 # The one entry point: make venv | up | down | status | test | lint | typecheck | bench | ci
 # `make up ARGS=--memory` passes options to the stack CLI; `make test PYTEST_ARGS='-k stack'`.
 
-PYTHON ?= python3.11
+# The distribution's own build of Python 3.11 where there is one (Debian's: PGO and LTO, libpython
+# linked into the binary), else the first python3.11 on the PATH. A plain `configure
+# --enable-shared` build such as pyenv's runs this project's Python 10-20% slower: the rebuild's
+# lanes 15%, the projector 11%, the official client 16% (docs/performance.md, 2026-11-30).
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) python3.11)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
