@@ -37,7 +37,7 @@ from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_co
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED
 from core.projection.execution import JobFacts, move
 from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
-from core.projection.instances import MINUTE_MS, rate_kinds
+from core.projection.instances import MINUTE_MS, RATE_KINDS
 from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
 from schemas.base import AttemptResource, BatchEvent, JobState
 from schemas.batch import (
@@ -78,6 +78,18 @@ _OWNED: dict[str, tuple[str, ...]] = {
 writes their rows, so it inserts them once with their totals (every column, zeros included:
 one statement shape per table) instead of incrementing."""
 
+_START_KINDS: dict[type, tuple[str, ...]] = {JobScheduled: (RATE_KINDS[JobScheduled],),
+                                              JobStarted: (RATE_KINDS[JobStarted],)}
+_END_KINDS: dict[bool, tuple[str, ...]] = {
+    True: (RATE_KINDS[JobCompleted],),
+    False: (RATE_KINDS[JobStarted], RATE_KINDS[JobCompleted])}
+"""The ``event_rates`` kinds of an SJ or MJS, and of an MJC by its ``start_reported``: what
+:func:`core.projection.instances.rate_kinds` gives, looked up once per event."""
+_RUNNABLE = frozenset({"Ready", "Creating"})
+
+Quantities = tuple[tuple[str, int], ...]
+"""What an attempt is billed for at some point (resource, quantity per ms), as a dict key."""
+
 Timed = tuple[BatchEvent, int]
 """An event and its envelope's time (ms)."""
 
@@ -89,6 +101,8 @@ class _Attempt:
     """What it is billed for: resource -> quantity per ms (the first quantity of each)."""
     seen: Sequence[AttemptResource] = ()
     """The last resource list merged in: SJ, MJS and MJC of an attempt carry the same one."""
+    quantities: Quantities = ()
+    """``resources`` as a key: the attempts of a batch mostly share one."""
 
 
 @dataclass(slots=True)
@@ -117,10 +131,13 @@ class _Fold:
         self.attempts: dict[tuple[int, str], _Attempt] = {}
         # (job group, pool, cores, always_run, cancelled, old, new) -> how many jobs moved so.
         self.moves: dict[tuple[int, str, int, bool, bool, JobState, JobState], int] = {}
-        self.job_usage: dict[int, dict[str, int]] = {}
-        self.usage: dict[str, int] = {}
-        self.usage_by_day: dict[tuple[str, str], int] = {}
-        self.rates: dict[tuple[int, str], int] = {}
+        # Billed milliseconds by what they are billed at (usage is quantity times ms, so a sum
+        # of ms per set of quantities becomes usage once, in finish): per job, per day, and for
+        # the batch.
+        self.job_ms: dict[int, dict[Quantities, int]] = {}
+        self.day_ms: dict[tuple[str, Quantities], int] = {}
+        self.batch_ms: dict[Quantities, int] = {}
+        self.rates: dict[tuple[int, tuple[str, ...]], int] = {}  # (minute, kinds) -> events
         self.n_jobs = 0
         self.n_completed = 0
         self.done_at: int | None = None
@@ -198,36 +215,64 @@ class _Fold:
         return True
 
     # --- execution ----------------------------------------------------------------------
-    def _executed(self, job_id: int, kinds: tuple[str, ...], time_ms: int) -> _Job | None:
-        """The committed job an execution event is about, its ``event_rates`` kinds counted.
-
-        None: the event is not of this path's history.
-        """
-        job = self.jobs.get(job_id)
-        if not self.committed or job is None:
-            return None
-        for kind in kinds:
-            key = (time_ms // MINUTE_MS, kind)
-            self.rates[key] = self.rates.get(key, 0) + 1
-        return job
-
+    # Each returns False for an event not of this path's history (about a job the batch does
+    # not have, or before the commit), and counts the event's ``event_rates`` kinds.
     def start(self, event: JobScheduled | JobStarted, time_ms: int) -> bool:
-        job = self._executed(event.job_id, rate_kinds(event), time_ms)
-        if job is not None:
-            self._start(job, event)
-        return job is not None
+        """An SJ or an MJS."""
+        job = self.jobs.get(event.job_id)
+        if job is None or not self.committed:
+            return False
+        rates = self.rates
+        key = (time_ms // MINUTE_MS, _START_KINDS[type(event)])
+        rates[key] = rates.get(key, 0) + 1
+        row = job.row
+        attempt_id = event.attempt_id
+        att = self._attempt(row["job_id"], attempt_id, event.instance_name, event.resources)
+        started = event.start_time_ms if type(event) is JobStarted else None
+        if started is not None:
+            att.row["start_time_ms"] = started
+        state = row["state"]
+        if state in _RUNNABLE:
+            self._move(row, state, "Running")
+            row["state"] = "Running"
+            row["attempt_id"] = attempt_id
+            row["instance_name"] = event.instance_name
+            row["n_attempts"] += 1
+            if started is not None:
+                row["start_time_ms"] = started
+        elif started is not None and row["attempt_id"] == attempt_id:
+            row["start_time_ms"] = started
+        return True
 
     def completed(self, event: JobCompleted, time_ms: int) -> bool:
-        job = self._executed(event.job_id, rate_kinds(event), time_ms)
-        if job is not None:
-            self._completed(job, event, time_ms)
-        return job is not None
+        """An MJC."""
+        job = self.jobs.get(event.job_id)
+        if job is None or not self.committed:
+            return False
+        rates = self.rates
+        key = (time_ms // MINUTE_MS, _END_KINDS[event.start_reported])
+        rates[key] = rates.get(key, 0) + 1
+        row = job.row
+        att = self._attempt(row["job_id"], event.attempt_id, event.instance_name,
+                            event.resources)
+        start, end = event.start_time_ms, event.end_time_ms
+        self._bill(job, event.attempt_id, end, start_ms=start, end_ms=end)
+        a = att.row
+        a["start_time_ms"] = start
+        a["end_time_ms"] = end
+        if row["state"] not in _COMPLETE:
+            self._end(job, event.state, time_ms)
+            row.update(exit_code=event.exit_code, status=event.status, start_time_ms=start,
+                       end_time_ms=end, attempt_id=event.attempt_id,
+                       instance_name=event.instance_name)
+        return True
 
     def heartbeat(self, event: AttemptHeartbeat, time_ms: int) -> bool:
-        job = self._executed(event.job_id, (), time_ms)
-        if job is not None:
-            self._bill(job, event.attempt_id, event.rollup_time_ms)
-        return job is not None
+        job = self.jobs.get(event.job_id)
+        if job is None or not self.committed:
+            return False
+        self._bill(job, event.attempt_id, event.rollup_time_ms)
+        return True
 
     def _attempt(self, job_id: int, attempt_id: str, instance: str,
                  resources: Sequence[AttemptResource]) -> _Attempt:
@@ -238,10 +283,12 @@ class _Fold:
                 "instance_name": instance, "start_time_ms": None, "end_time_ms": None,
                 "rollup_time_ms": None, "reason": None, "resources": None})
         if resources and resources != att.seen:
+            merged = att.resources
             for r in resources:
-                if r.resource not in att.resources:
-                    att.resources[r.resource] = r.quantity
+                if r.resource not in merged:
+                    merged[r.resource] = r.quantity
             att.seen = resources
+            att.quantities = tuple(merged.items())
         return att
 
     def _attempt_rows(self) -> list[Row]:
@@ -249,10 +296,10 @@ class _Fold:
 
         A batch's attempts mostly share one resource list: each distinct one is rendered once.
         """
-        texts: dict[tuple[tuple[str, int], ...], str | None] = {}
+        texts: dict[Quantities, str | None] = {}
         rows: list[Row] = []
         for att in self.attempts.values():
-            key = tuple(att.resources.items())
+            key = att.quantities
             if key not in texts:
                 texts[key] = resources_text(att.resources)
             att.row["resources"] = texts[key]
@@ -264,37 +311,6 @@ class _Fold:
         key = (row["job_group_id"], row["inst_coll"], row["cores_mcpu"], row["always_run"],
                cancelled, old, new)
         self.moves[key] = self.moves.get(key, 0) + 1
-
-    def _start(self, job: _Job, event: JobScheduled | JobStarted) -> None:
-        row = job.row
-        att = self._attempt(row["job_id"], event.attempt_id, event.instance_name,
-                            event.resources)
-        started = event.start_time_ms if isinstance(event, JobStarted) else None
-        if started is not None:
-            att.row["start_time_ms"] = started
-        moved = False
-        if row["state"] in ("Ready", "Creating"):
-            self._move(row, row["state"], "Running")
-            row.update(state="Running", attempt_id=event.attempt_id,
-                       instance_name=event.instance_name, n_attempts=row["n_attempts"] + 1)
-            moved = True
-        if started is not None and (moved or row["attempt_id"] == event.attempt_id):
-            row["start_time_ms"] = started
-
-    def _completed(self, job: _Job, event: JobCompleted, time_ms: int) -> None:
-        row = job.row
-        att = self._attempt(row["job_id"], event.attempt_id, event.instance_name,
-                            event.resources)
-        self._bill(job, event.attempt_id, event.end_time_ms, start_ms=event.start_time_ms,
-                   end_ms=event.end_time_ms)
-        att.row["start_time_ms"] = event.start_time_ms
-        att.row["end_time_ms"] = event.end_time_ms
-        if row["state"] in _COMPLETE:
-            return
-        self._end(job, event.state, time_ms)
-        row.update(exit_code=event.exit_code, status=event.status,
-                   start_time_ms=event.start_time_ms, end_time_ms=event.end_time_ms,
-                   attempt_id=event.attempt_id, instance_name=event.instance_name)
 
     def _bill(self, job: _Job, attempt_id: str, to_ms: int, *, start_ms: int | None = None,
               end_ms: int | None = None) -> None:
@@ -312,29 +328,23 @@ class _Fold:
         ms = hi - lo
         if ms <= 0:
             return
-        # One pass over the attempt's quantities (resource -> quantity per ms) for the job, the
-        # batch and, within one UTC day (most intervals), the day: a fifth of the fold's time
-        # went to building each interval's usage as a dict first (profiled).
-        job_usage = self.job_usage.get(job.row["job_id"])
-        if job_usage is None:
-            job_usage = self.job_usage[job.row["job_id"]] = {}
-        batch_usage = self.usage
-        by_date = self.usage_by_day
+        # Milliseconds summed by the quantities they are billed at: usage (quantity times ms)
+        # is made per resource once per job, day and batch in finish, not per interval.
+        quantities = att.quantities
+        job_ms = self.job_ms.get(job.row["job_id"])
+        if job_ms is None:
+            job_ms = self.job_ms[job.row["job_id"]] = {}
+        job_ms[quantities] = job_ms.get(quantities, 0) + ms
+        self.batch_ms[quantities] = self.batch_ms.get(quantities, 0) + ms
+        day_ms = self.day_ms
         first_day = lo // DAY_MS
-        one_day = (hi - 1) // DAY_MS == first_day
-        date = day_name(first_day)
-        for resource, quantity in att.resources.items():
-            amount = quantity * ms
-            job_usage[resource] = job_usage.get(resource, 0) + amount
-            batch_usage[resource] = batch_usage.get(resource, 0) + amount
-            if one_day:
-                key = (date, resource)
-                by_date[key] = by_date.get(key, 0) + amount
-        if not one_day:
+        if (hi - 1) // DAY_MS == first_day:  # within one UTC day: most intervals
+            key = (day_name(first_day), quantities)
+            day_ms[key] = day_ms.get(key, 0) + ms
+        else:
             for day, day_lo, day_hi in by_day(lo, hi):
-                for resource, quantity in att.resources.items():
-                    key = (day.isoformat(), resource)
-                    by_date[key] = by_date.get(key, 0) + quantity * (day_hi - day_lo)
+                key = (day.isoformat(), quantities)
+                day_ms[key] = day_ms.get(key, 0) + day_hi - day_lo
 
     def _end(self, job: _Job, state: JobState, time_ms: int) -> None:
         row = job.row
@@ -372,10 +382,10 @@ class _Fold:
                                   {c: d * times for c, d in inc.deltas.items()}))
         if self.attempts:
             ops.append(InsertIgnore("attempts", self._attempt_rows()))
-        for j, job_usage in self.job_usage.items():
-            self.jobs[j].row["resource_usage"] = usage_text(job_usage)
+        for j, job_ms in self.job_ms.items():
+            self.jobs[j].row["resource_usage"] = usage_text(_usage(job_ms))
         bp, t = self.created.billing_project, self.token
-        for resource, amount in self.usage.items():
+        for resource, amount in _usage(self.batch_ms).items():
             delta = {"resource_usage": amount}
             acc.add(Increment(billing.JOB_GROUP, {"batch_id": self.b, "job_group_id": 0,
                                                   "resource": resource, "token": t}, delta))
@@ -385,13 +395,15 @@ class _Fold:
                                                         "resource": resource, "token": t}, delta))
             acc.add(Increment(billing.USER, {"user": user, "resource": resource, "token": t},
                               delta))
-        for (day, resource), amount in self.usage_by_day.items():
-            acc.add(Increment(billing.BILLING_PROJECT_USER_DATE, {
-                "billing_project": bp, "user": user, "usage_date": day, "resource": resource,
-                "token": t}, {"resource_usage": amount}))
-        for (minute, kind), n in self.rates.items():
-            acc.add(Increment("event_rates", {"minute": minute, "kind": kind, "token": t},
-                              {"n": n}))
+        for (day, quantities), ms in self.day_ms.items():
+            for resource, quantity in quantities:
+                acc.add(Increment(billing.BILLING_PROJECT_USER_DATE, {
+                    "billing_project": bp, "user": user, "usage_date": day,
+                    "resource": resource, "token": t}, {"resource_usage": quantity * ms}))
+        for (minute, kinds), n in self.rates.items():
+            for kind in kinds:
+                acc.add(Increment("event_rates", {"minute": minute, "kind": kind, "token": t},
+                                  {"n": n}))
         shared: list[Op] = []
         owned: dict[str, list[Row]] = {}
         for inc in acc.drain():
@@ -445,6 +457,18 @@ def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
         if handle is None or not handle(event, t):
             return None
     return fold.finish()
+
+
+def _usage(ms_by_quantities: dict[Quantities, int]) -> dict[str, int]:
+    """Usage per resource (quantity times ms) of milliseconds summed by their quantities."""
+    if len(ms_by_quantities) == 1:  # a job's one attempt, a batch's one machine type
+        ((quantities, ms),) = ms_by_quantities.items()
+        return {resource: quantity * ms for resource, quantity in quantities}
+    usage: dict[str, int] = {}
+    for quantities, ms in ms_by_quantities.items():
+        for resource, quantity in quantities:
+            usage[resource] = usage.get(resource, 0) + quantity * ms
+    return usage
 
 
 def _rows_of(ops: Sequence[Op], table: str) -> list[dict[str, Any]]:
