@@ -151,7 +151,7 @@ def main() -> None:
         results["replay"] |= _speed(sampler, t0)
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
-    speed = sampler.stop()
+    speed: dict[str, float | int | str] = {**sampler.stop(), "python": machine.interpreter()}
     for name, figures in [*results.items(), ("machine", speed)]:
         table = Table(title=name)
         table.add_column("figure")

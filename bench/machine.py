@@ -17,12 +17,20 @@ services' objects span far more than that: in one session the same code cost 1.4
 CPU per no-op job at the same probe median. The sampler times a second probe beside it, a
 dependent chain of reads through 16 MiB (:func:`memory_msteps`, millions of steps per CPU
 second), which does.
+
+The probe also measures the interpreter that runs it: in the same minutes Debian's build of
+Python 3.11 (PGO and LTO) read 1.2-1.3 times what pyenv's plain build of it did. The bench runs
+on the venv's Python, so :func:`interpreter` names it beside the figures; the probe figures of
+docs/performance.md before 2026-11-30 (from 03:40 UTC) are pyenv's.
 """
 
 from __future__ import annotations
 
 import array
+import os
+import platform
 import statistics
+import sys
 import threading
 import time
 
@@ -134,6 +142,11 @@ def _percentiles(samples: list[float], name: str) -> dict[str, float]:
 
     return {f"{name}_median": round(statistics.median(ordered), 2),
             f"{name}_p10": at(0.1), f"{name}_p90": at(0.9)}
+
+
+def interpreter() -> str:
+    """The Python that runs the probe (and the bench and its stack): version and binary."""
+    return f"{platform.python_version()} {os.path.realpath(sys.executable)}"
 
 
 def summary(samples: list[float], memory: list[float] | None = None) -> dict[str, float | int]:

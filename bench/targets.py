@@ -203,7 +203,8 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             f"median of {_get(results, 'machine', 'samples')} samples over the run, 10th-90th "
             f"percentile {_get(results, 'machine', 'python_mops_p10')}-"
             f"{_get(results, 'machine', 'python_mops_p90')}: this VM's speed varies by the "
-            "hour and the CPU-bound rates above move with it (bench/machine.py)"))
+            "hour and the CPU-bound rates above move with it (bench/machine.py)"
+            + (f"; Python {python}" if (python := _get(results, "machine", "python")) else "")))
     memory = _get(results, "machine", "memory_msteps_median")
     if memory is not None:
         out.append(Assessment(

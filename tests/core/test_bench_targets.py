@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import time
 
 import msgspec
@@ -11,7 +12,14 @@ from hypothesis import strategies as st
 
 from bench.execution import _main_start, _spans
 from bench.ingest_throughput import paired_ratio
-from bench.machine import Sampler, memory_chain, memory_msteps, python_mops, summary
+from bench.machine import (
+    Sampler,
+    interpreter,
+    memory_chain,
+    memory_msteps,
+    python_mops,
+    summary,
+)
 from bench.targets import DIAGNOSTIC, assess
 
 
@@ -143,6 +151,13 @@ def test_the_machine_speed_is_a_diagnostic_row_beside_the_targets() -> None:
     assert "machine speed (pure-Python probe, M iterations/s)" not in by_figure({})
     assert "memory latency (16 MiB read chain, M steps/s)" not in got
     assert summary([]) == {}
+
+
+def test_the_machine_speed_row_names_the_python_that_ran_the_probe() -> None:
+    speed = {**summary([5.0, 6.0, 7.0]), "python": interpreter()}
+    assert speed["python"].startswith(f"{platform.python_version()} /")
+    (row,) = [a for a in assess({"machine": speed}) if a.figure.startswith("machine speed")]
+    assert row.note.endswith(f"; Python {speed['python']}")
 
 
 def test_the_memory_probe_is_a_diagnostic_row_of_its_own() -> None:
