@@ -3,8 +3,9 @@
 
 # The distribution's own build of Python 3.11 where there is one (Debian's: PGO and LTO, libpython
 # linked into the binary), else the first python3.11 on the PATH. A plain `configure
-# --enable-shared` build such as pyenv's runs this project's Python 10-20% slower: the rebuild's
-# lanes 15%, the projector 11%, the official client 16% (docs/performance.md, 2026-11-30).
+# --enable-shared` build such as pyenv's runs this project's Python 5-20% slower: the rebuild's
+# lanes 15%, the official client 14-16%, the projector 6-11%, the worker 5%
+# (docs/performance.md, 2026-11-30).
 PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) python3.11)
 VENV ?= .venv
 PY := $(VENV)/bin/python
