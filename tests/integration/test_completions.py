@@ -293,12 +293,21 @@ async def test_a_claim_that_never_reported_is_attempted_again(
     with engine.begin() as conn:  # as if owed afresh, then claimed by a dispatcher that died
         conn.execute(sa.text("UPDATE callback_deliveries SET status = 'pending', attempts = 0, "
                              "next_attempt_ms = 0 WHERE idempotency_key = :k"), {"k": key})
-    (claimed,) = CompletionsStore(engine).claim_due(int(time.time() * 1000), 10, quick.claim_ms)
+    # The dead dispatcher's claim lasts 3 s, not the service's own 0.5: the service's start
+    # alone can take half a second on a loaded machine, and the claim must still hold when
+    # the test looks (CI once saw it expired and the delivery made again by then).
+    claim_s = 3.0
+    claimed_at = time.monotonic()
+    (claimed,) = CompletionsStore(engine).claim_due(int(time.time() * 1000), 10,
+                                                    int(claim_s * 1000))
     assert claimed.key == key and claimed.attempt == 1
     async with service(settings, quick):
         await asyncio.sleep(0.2)
-        assert status_of(engine, key) == "pending"  # still claimed
+        still = status_of(engine, key)
+        held_s = time.monotonic() - claimed_at
+        assert held_s < claim_s and still == "pending"  # still claimed: not taken over
         await eventually("delivered again", lambda: status_of(engine, key) == "delivered")
+    assert time.monotonic() - claimed_at >= claim_s  # only once the claim had expired
     assert [h["X-Hailstream-Attempt"] for h, _ in receiver.for_key(key)] == ["1", "2"]
 
 
