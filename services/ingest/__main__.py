@@ -15,8 +15,6 @@ The bunches of an update reuse, for ``HS_INGEST_UPDATE_CHECK_TTL_S`` seconds (de
 checks every bunch), the check of the batch and update that an earlier bunch made.
 Ingest's producer lingers ``HS_INGEST_LINGER_MS`` (default 0) before it sends, whatever
 ``HS_KAFKA_LINGER_MS`` says for the other services (see :func:`publisher_settings`).
-``HS_INGEST_SWITCH_INTERVAL_MS`` sets the interpreter's thread switch interval (see
-:func:`switch_interval_s`).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import sys
 from collections.abc import Mapping
 
 import msgspec
@@ -66,26 +63,6 @@ def publisher_settings(log: LogSettings, env: Mapping[str, str]) -> LogSettings:
     return msgspec.structs.replace(log, linger_ms=int(linger) if linger else INGEST_LINGER_MS)
 
 
-def switch_interval_s(env: Mapping[str, str]) -> float | None:
-    """The thread switch interval ``HS_INGEST_SWITCH_INTERVAL_MS`` asks for, in seconds (None:
-    the interpreter's own, 5 ms); ValueError for anything but a positive number.
-
-    Ingest decodes bunches in pool threads beside its event loop, which holds the GIL only
-    between system calls: after each one it waits for the GIL, up to an interval per busy
-    thread."""
-    text = env.get("HS_INGEST_SWITCH_INTERVAL_MS", "").strip()
-    if not text:
-        return None
-    try:
-        ms = float(text)
-    except ValueError:
-        ms = float("nan")
-    if not 0 < ms <= 1000:
-        raise ValueError(f"HS_INGEST_SWITCH_INTERVAL_MS={text!r}: expected milliseconds, "
-                         "more than 0 and at most 1000")
-    return ms / 1000
-
-
 async def serve(host: str, port: int) -> None:
     settings = load_settings()
     engine = sa.create_engine(settings.db.url(), pool_size=settings.db.pool_size,
@@ -116,12 +93,6 @@ async def serve(host: str, port: int) -> None:
 def main() -> None:
     loop = eventloop.service_loop("ingest")
     tune_for_service()
-    try:
-        interval = switch_interval_s(os.environ)
-    except ValueError as e:
-        raise SystemExit(f"ingest: {e}") from None
-    if interval is not None:
-        sys.setswitchinterval(interval)
     parser = argparse.ArgumentParser(prog="python -m services.ingest")
     parser.add_argument("--port", type=int, default=int(os.environ.get("HS_INGEST_PORT", "5000")))
     # Loopback by default (the local stack); 0.0.0.0 in a container or pod.

@@ -31,18 +31,6 @@ def test_ingest_sends_at_once_unless_told_to_linger() -> None:
         publisher_settings(shared, {"HS_INGEST_LINGER_MS": "soon"})
 
 
-def test_ingest_switch_interval_is_the_interpreters_unless_told() -> None:
-    from services.ingest.__main__ import switch_interval_s
-
-    assert switch_interval_s({}) is None
-    assert switch_interval_s({"HS_INGEST_SWITCH_INTERVAL_MS": " "}) is None
-    assert switch_interval_s({"HS_INGEST_SWITCH_INTERVAL_MS": "0.5"}) == 0.0005
-    for bad in ("0", "-1", "soon", "nan", "inf", "1001"):
-        with pytest.raises(ValueError, match=f"HS_INGEST_SWITCH_INTERVAL_MS='{bad}': expected "
-                                             "milliseconds, more than 0 and at most 1000"):
-            switch_interval_s({"HS_INGEST_SWITCH_INTERVAL_MS": bad})
-
-
 def test_a_producer_batch_holds_several_bunches_and_fits_a_request() -> None:
     log = load_settings({}).log
     assert log.max_batch_size >= 3 * 570_000  # three bunches of 1,024 specs at once
