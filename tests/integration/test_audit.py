@@ -9,6 +9,7 @@ replay does.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -239,7 +240,9 @@ def test_a_rebuild_in_parallel_lanes_has_no_differences(live: Live) -> None:
     assert result.differences == [] and result.replay.transactions > 4
 
 
-def test_lane_processes_report_every_record_and_fill_the_database(live: Live) -> None:
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_lane_processes_report_every_record_and_fill_the_database(
+        live: Live, start_method: replay_module.StartMethod) -> None:
     marks = asyncio.run(high_watermarks(live.settings.log, PROJECTED_TOPICS))
     todo = spans({}, marks, PROJECTED_TOPICS)
     db = msgspec.structs.replace(live.settings.db, name=f"{live.settings.db.name}_lanes")
@@ -252,12 +255,45 @@ def test_lane_processes_report_every_record_and_fill_the_database(live: Live) ->
     try:
         target = SinkTarget(db, projector_consumer(live.settings.log))
         stats = asyncio.run(replay_processes(live.settings.log, target, todo, batch_size=5,
-                                             processes=3, progress=progress))
+                                             processes=3, progress=progress,
+                                             start_method=start_method))
         assert seen == {span: span.size for span in todo}
         assert stats.events == sum(span.size for span in todo) and stats.transactions > 3
         (jobs,) = query(sa.create_engine(db.url()), "SELECT COUNT(*) FROM jobs")
         assert jobs[0] == 11
     finally:
+        drop_database(live.settings.db, db.name)
+
+
+def test_forked_lanes_leave_the_parents_connections_and_threads_alone(live: Live) -> None:
+    """Lanes forked beside a thread and a pooled connection: the replay completes, and what the
+    parent holds still works after (a child that closed or used it would break it)."""
+    marks = asyncio.run(high_watermarks(live.settings.log, PROJECTED_TOPICS))
+    todo = spans({}, marks, PROJECTED_TOPICS)
+    db = msgspec.structs.replace(live.settings.db, name=f"{live.settings.db.name}_forked")
+    apply_migrations(db)
+    engine = sa.create_engine(db.url(), pool_size=1, max_overflow=0)
+    with engine.connect() as conn:
+        before = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+    stop = threading.Event()
+    beside = threading.Thread(target=stop.wait, name="beside-the-fork")
+    beside.start()
+    try:
+        assert threading.active_count() > 1
+        stats = asyncio.run(replay_processes(
+            live.settings.log, SinkTarget(db, projector_consumer(live.settings.log)), todo,
+            batch_size=5, processes=2, bulk=True, start_method="fork"))
+        assert stats.events == sum(span.size for span in todo)
+        assert gc.get_freeze_count() == 0  # the parent's heap is collectable again
+        with engine.connect() as conn:  # the same pooled connection, still usable
+            assert conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar() == before
+            (jobs,) = conn.exec_driver_sql("SELECT COUNT(*) FROM jobs").one()
+        assert jobs == 11
+        assert beside.is_alive()
+    finally:
+        stop.set()
+        beside.join()
+        engine.dispose()
         drop_database(live.settings.db, db.name)
 
 
@@ -275,7 +311,7 @@ def test_a_lane_process_that_dies_fails_the_replay(live: Live,
     marks = asyncio.run(high_watermarks(live.settings.log, PROJECTED_TOPICS))
     target = SinkTarget(live.settings.db, projector_consumer(live.settings.log))
     # A lane that exits without a word, as a killed process would (the replay's own entry
-    # point is replaced by one that only exits; spawned processes import it by name).
+    # point is replaced by one that only exits).
     monkeypatch.setattr(replay_module, "_lane_process", _exit_at_once)
     with pytest.raises(ReplayError, match=r"replay-lane-\d exited with code 3"):
         asyncio.run(replay_processes(live.settings.log, target,
@@ -366,3 +402,11 @@ def test_a_rebuild_waits_for_a_lagging_projector_then_gives_up(live: Live) -> No
     with pytest.raises(AuditError, match=r"still 1 events behind .* is it running"):
         asyncio.run(rebuild(live.settings, RebuildOptions(wait_s=1)))
     assert not database_exists(live.settings.db, f"{live.settings.db.name}_rebuild")
+
+
+def test_lane_processes_fork_on_linux_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert replay_module.lane_start_method() == "fork"
+    for other in ("darwin", "win32"):
+        monkeypatch.setattr(sys, "platform", other)
+        assert replay_module.lane_start_method() == "spawn"
