@@ -96,7 +96,8 @@ def test_any_text_reads_back(engine: sa.Engine, texts: list[str | None]) -> None
 @pytest.mark.parametrize(("rows", "why"), [
     ([{"id": 1, "short": "x"}, {"id": 1, "short": "y"}], "Duplicate entry"),
     ([{"id": 1, "short": "too long"}], "short"),
-], ids=["duplicate-key", "too-long"])
+    ([{"id": 1, "short": "x"}, {"id": 2, "short": "too long"}], "short"),
+], ids=["duplicate-key", "too-long-shared", "too-long"])
 def test_what_the_server_only_warns_about_fails_the_load(engine: sa.Engine, rows: list[Row],
                                                         why: str) -> None:
     """LOCAL makes the server skip such rows with a warning; a load raises instead, and the
@@ -129,23 +130,51 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)
               _VALUES.map(lambda v: [v] * n)),  # a column of one value
     min_size=1, max_size=6)))
 def test_every_line_holds_its_rows_values(table: list[list[object]]) -> None:
-    """Whatever columns are shared or not, each line is the row's values in the order given."""
+    """Whatever columns are shared or not, each line and the shared values make the row."""
     columns = [f"c{i}" for i in range(len(table))]
     rows: list[Row] = [dict(zip(columns, values, strict=True))
                        for values in zip(*table, strict=True)]
-    order, got = lines(columns, rows)
-    assert sorted(order) == columns
-    assert [dict(zip(order, line[:-1].split("\t"), strict=True)) for line in got] == [
+    order, got, shared = lines(columns, rows)
+    assert order[0] == columns[0] and sorted(order + [c for c, _ in shared]) == columns
+    assert [c for c in columns if c in order] == order  # the file keeps the given order
+    assert [{**dict(zip(order, line[:-1].split("\t"), strict=True)),
+             **{c: text(v) for c, v in shared}} for line in got] == [
         {c: text(row[c]) for c in columns} for row in rows]
+    for c, v in shared:
+        assert all(type(row[c]) is type(v) and row[c] == v for row in rows)
 
 
-def test_columns_of_one_value_are_rendered_once_and_go_last() -> None:
+def test_columns_of_one_value_are_left_to_the_statement_but_the_first() -> None:
     rows: list[Row] = [{"b": None, "a": True, "c": 7, "d": "s"},
                        {"a": 1, "b": "t\tx", "c": 7, "d": "s"}]
-    assert lines(["c", "a", "d", "b"], rows) == (["a", "b", "c", "d"], [
-        "1\t\\N\t7\ts\n", "1\tt\\tx\t7\ts\n"])
-    assert lines(["c", "d"], rows) == (["c", "d"], ["7\ts\n", "7\ts\n"])
-    assert lines(["b"], rows) == (["b"], ["\\N\n", "t\\tx\n"])
+    assert lines(["c", "a", "d", "b"], rows) == (
+        ["c", "a", "b"], ["7\t1\t\\N\n", "7\t1\tt\\tx\n"], [("d", "s")])
+    assert lines(["c", "d"], rows) == (["c"], ["7\n", "7\n"], [("d", "s")])
+    assert lines(["b"], rows) == (["b"], ["\\N\n", "t\\tx\n"], [])
+
+
+@pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
+@pytest.mark.parametrize("shared", [*TRICKY, None], ids=repr)
+def test_a_value_every_row_shares_reads_back_exactly(engine: sa.Engine, shared: str | None,
+                                                     no_backslash_escapes: bool) -> None:
+    """Set by the statement, quoted by the driver, in either sql_mode: the same values."""
+    rows: list[Row] = [{"id": i, "s": shared, "n": 7, "flag": True, "short": "ab"}
+                       for i in range(3)]
+    with engine.connect() as conn:
+        if no_backslash_escapes:
+            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
+                                 "',NO_BACKSLASH_ESCAPES')")
+            conn.commit()
+        trans = conn.begin()
+        try:
+            load(conn, TABLE, rows)
+            assert _read(conn) == [(i, shared, 7, 1, "ab") for i in range(3)]
+        finally:
+            trans.rollback()
+            if no_backslash_escapes:
+                conn.exec_driver_sql("SET SESSION sql_mode = "
+                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
+                conn.commit()
 
 
 @given(st.lists(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12),
