@@ -36,7 +36,7 @@ from services.audit.replay import (
     ReplayStats,
     Span,
     apply_retrying,
-    decode_record,
+    decode_records,
     retry_deadlocks,
 )
 from services.common.gcpause import gc_paused
@@ -72,9 +72,7 @@ async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span] | Claims,
                 async for messages in reader.read(span.topic, span.partition, span.start,
                                                   span.end):
                     t = time.perf_counter()
-                    records += [Record(span.topic, span.partition, m.offset,
-                                       decode_record(span, m.offset, m.value))
-                                for m in messages]
+                    records += decode_records(span, messages)
                     stats.decode_s += time.perf_counter() - t
                     if not bulk:
                         _through_sink(sink, span, records, stats, batch_size, progress)

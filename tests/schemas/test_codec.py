@@ -140,6 +140,38 @@ def test_upcast_chain_applies_in_order() -> None:
         upcast("t", 4, {}, 3, steps)
 
 
+@given(events=st.lists(st.tuples(any_event, st.sampled_from(["msgpack", "json"])),
+                       max_size=6), heads=st.booleans())
+@settings(max_examples=150)
+def test_decoding_many_is_decoding_each(events: list[tuple[AnyEvent, codec.Format]],
+                                        heads: bool) -> None:
+    datas = [codec.encode(wrap(e, event_id=f"e{i}", time_ms=i), fmt)
+             for i, (e, fmt) in enumerate(events)]
+    assert codec.decode_many(datas, heads=heads) == [codec.decode(d, heads=heads)
+                                                     for d in datas]
+
+
+def test_decoding_many_upcasts_old_versions_and_names_what_it_cannot_decode() -> None:
+    current = [codec.encode(wrap(BatchCreated(batch_id=b, user="u", billing_project="b",
+                                              token="t"), event_id=f"e{b}", time_ms=b))
+               for b in (1, 2)]
+    old = msgspec.msgpack.decode(current[1])
+    old["schema_version"] = CURRENT_VERSIONS["batch.created"] - 1
+    old["event"]["owner"] = old["event"].pop("user")
+
+    def rename_owner(p: dict[str, Any]) -> dict[str, Any]:
+        p["user"] = p.pop("owner")
+        return p
+
+    mixed = [current[0], msgspec.msgpack.encode(old)]
+    upcasters = {("batch.created", old["schema_version"]): rename_owner}
+    assert codec.decode_many(mixed, upcasters) == [codec.decode(d) for d in current]
+    with pytest.raises(codec.DecodeError, match="no upcaster"):
+        codec.decode_many(mixed, {})
+    with pytest.raises(codec.DecodeError, match="not an envelope"):
+        codec.decode_many([current[0], b"\x01\x02"])
+
+
 def test_envelope_rejects_mismatched_header() -> None:
     with pytest.raises(ValueError, match="does not match"):
         Envelope(event_id="e", tag="user.created", schema_version=1, time_ms=0, key="1",
