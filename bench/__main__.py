@@ -93,6 +93,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000)  # the target's batch
     parser.add_argument("--exec-jobs", type=int, default=100_000)  # the target's batch
     parser.add_argument("--replay-jobs", type=int, default=100_000)  # ~300,000 events
+    parser.add_argument("--replay-modes", choices=("all", "default"), default="all",
+                        help="replay: the rebuild's default lanes only (as bench.ab --scenario "
+                             "replay runs it), or also one lane and the sink's lanes (all)")
     parser.add_argument("--sched-jobs", type=int, default=10_000_000)
     parser.add_argument("--submit-only", action="store_true",
                         help="ingest: only the big submit and its CPU (no client alone, status "
@@ -146,8 +149,9 @@ def main() -> None:
     if "replay" in scenarios:
         t0 = time.monotonic()
         with ExitStack() as stack:
+            modes = replay.MODES if args.replay_modes == "all" else replay.MODES[:1]
             results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
-                                           args.replay_jobs, marker=marker)
+                                           args.replay_jobs, marker=marker, modes=modes)
         results["replay"] |= _speed(sampler, t0)
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)

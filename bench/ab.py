@@ -1,6 +1,6 @@
-"""Compare two versions of the stack on the execution scenario (or the 1M submit), in
-interleaved runs: ``python -m bench.ab --b REF [--a REF] [--a-env K=V ...] [--b-env K=V ...]
-[--pairs N] [--scenario ingest]``.
+"""Compare two versions of the stack on the execution scenario (or the 1M submit, or the
+rebuild), in interleaved runs: ``python -m bench.ab --b REF [--a REF] [--a-env K=V ...]
+[--b-env K=V ...] [--pairs N] [--scenario ingest|replay]``.
 
 Why: this VM's speed moves by 10-25% within an hour (``bench/machine.py``), so one bench of
 each version cannot show a change worth a few percent: every earlier "did not help" was judged
@@ -19,7 +19,10 @@ run is ``python -m bench execution`` of the arm's own code, in a process of its 
 venvs of this checkout (or, with ``--a-venv``/``--b-venv`` and ``--a-hail-venv``/
 ``--b-hail-venv``, on others: to compare two Python builds); with ``--scenario ingest``,
 ``python -m bench ingest --submit-only``: the submit's time, its server part and each
-component's CPU per job (the arm's ref must have ``--submit-only``).
+component's CPU per job (the arm's ref must have ``--submit-only``); with ``--scenario
+replay``, ``python -m bench replay --replay-modes default``: the rebuild's events/s with its
+default lanes and the CPU of the lanes and MariaDB (the arm's ref must have
+``--replay-modes``).
 
 Beside the rate and each component's CPU per job, the comparison shows the stack's own CPU per
 job (all but the jobs' processes) relative to the jobs' processes' CPU: every job execs
@@ -164,6 +167,18 @@ def submit_figures(ingest: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def replay_figures(replay: Mapping[str, Any]) -> dict[str, float]:
+    """The figures compared, from one ``replay --replay-modes default`` run's results: the
+    rebuild's default lanes."""
+    out = {"replay events/s": float(replay["replay_events_per_s"]),
+           "CPU s, total": float(replay["replay_cpu_seconds_total"])}
+    out |= {f"CPU s, {name}": float(s) for name, s in replay["replay_cpu_seconds"].items()}
+    out["machine busy share"] = float(replay["replay_machine_busy_share"])
+    if "python_mops_median_during" in replay:
+        out["machine probe, M iterations/s"] = float(replay["python_mops_median_during"])
+    return out
+
+
 def compare(runs_a: Sequence[Mapping[str, float]], runs_b: Sequence[Mapping[str, float]]
             ) -> list[Paired]:
     """Every figure present in all runs of both arms, compared pair by pair."""
@@ -290,6 +305,19 @@ def _result(arm: Arm, scenario: str, proc: Process, log: Path) -> dict[str, Any]
     return dict(result[scenario])
 
 
+def _execution_rate(got: Mapping[str, Any]) -> str:
+    return f"{got['noop_jobs_per_s']} jobs/s, {got['cpu_ms_per_job_total']} ms CPU/job"
+
+
+def _submit_rate(got: Mapping[str, Any]) -> str:
+    return f"{got['submit_seconds']} s submit, {got['cpu_ms_per_job_total']} ms CPU/job"
+
+
+def _replay_rate(got: Mapping[str, Any]) -> str:
+    return (f"{got['replay_events_per_s']} events/s, "
+            f"{got['replay_cpu_ms_per_event_total']} ms CPU/event")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -306,10 +334,14 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  "this checkout's .venv-hail)")
     parser.add_argument("--pairs", type=int, default=4)
     parser.add_argument("--exec-jobs", type=int, default=50_000)
-    parser.add_argument("--scenario", choices=("execution", "ingest"), default="execution",
+    parser.add_argument("--scenario", choices=("execution", "ingest", "replay"),
+                        default="execution",
                         help="ingest: the submit of --jobs jobs alone (bench ingest "
-                             "--submit-only), not the execution scenario")
+                             "--submit-only); replay: the rebuild's default lanes over a log "
+                             "of --replay-jobs jobs (bench replay --replay-modes default)")
     parser.add_argument("--jobs", type=int, default=1_000_000, help="ingest: the batch's jobs")
+    parser.add_argument("--replay-jobs", type=int, default=100_000,
+                        help="replay: the log's jobs (about 3 events each)")
     parser.add_argument("--stack", choices=("durable", "memory"), default="memory")
     parser.add_argument("--together", action="store_true",
                         help="run each pair's two arms at the same time, side by side: both "
@@ -326,10 +358,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.a == args.b and args.a_env == args.b_env and venvs["a"] == venvs["b"]:
         parser.error("the two arms are the same: give --b (a ref), --b-env or --b-venv")
     runs = order(args.pairs)  # validates --pairs
-    ingest = args.scenario == "ingest"
-    command = (["ingest", "--submit-only", "--jobs", str(args.jobs)] if ingest
-               else ["execution", "--exec-jobs", str(args.exec_jobs)])
-    figures_of = submit_figures if ingest else figures
+    command, figures_of, rate_of, what = {
+        "execution": (["execution", "--exec-jobs", str(args.exec_jobs)], figures,
+                      _execution_rate, f"{args.exec_jobs:,} jobs end to end"),
+        "ingest": (["ingest", "--submit-only", "--jobs", str(args.jobs)], submit_figures,
+                   _submit_rate, f"the submit of {args.jobs:,} jobs"),
+        "replay": (["replay", "--replay-modes", "default", "--replay-jobs",
+                    str(args.replay_jobs)], replay_figures, _replay_rate,
+                   f"a rebuild of {args.replay_jobs:,} jobs' log"),
+    }[args.scenario]
     root = Path(tempfile.mkdtemp(prefix="hs-ab-"))
     results: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     worktrees: list[Path] = []
@@ -359,12 +396,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 got = step_results[name]
                 results[name].append(got)
                 arm = arms[name]
-                rate = (f"{got['submit_seconds']} s submit" if ingest
-                        else f"{got['noop_jobs_per_s']} jobs/s")
                 print(f"{started} step {i + 1}/{len(steps)} arm {name.upper()} ({arm.ref} "
                       f"{' '.join(f'{k}={v}' for k, v in arm.env.items())}"
                       f"{''.join(f' {v}={p}' for v, p in venvs[name].items())}): "
-                      f"{rate}, {got['cpu_ms_per_job_total']} ms CPU/job", flush=True)
+                      f"{rate_of(got)}", flush=True)
     finally:
         for wt in worktrees:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(wt)],
@@ -372,8 +407,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)
     compared = compare([figures_of(r) for r in results["a"]],
                        [figures_of(r) for r in results["b"]])
-    what = (f"the submit of {args.jobs:,} jobs" if ingest
-            else f"{args.exec_jobs:,} jobs end to end")
     table = Table(title=f"A = {args.a} {' '.join(args.a_env)}   B = {args.b} "
                         f"{' '.join(args.b_env)}   ({args.pairs} pairs, {what})")
     for column in ("figure", "A", "B", "B - A", "95% interval", "", "median B - A",

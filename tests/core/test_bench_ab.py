@@ -20,6 +20,7 @@ from bench.ab import (
     figures,
     order,
     paired,
+    replay_figures,
     run_step,
     submit_figures,
     t975,
@@ -151,6 +152,17 @@ def test_submit_figures_without_the_batchs_creation_time() -> None:
     got = submit_figures({"submit_seconds": 30.0, "cpu_ms_per_job_total": 0.1,
                           "cpu_ms_per_job": {}})
     assert got == {"submit s": 30.0, "CPU ms/job, total": 0.1}
+
+
+def test_replay_figures_of_a_run() -> None:
+    got = replay_figures({
+        "replay_events_per_s": 98_000, "replay_cpu_seconds_total": 5.5,
+        "replay_cpu_seconds": {"replay (projector sink)": 3.75, "mariadb (shared)": 1.75},
+        "replay_machine_busy_share": 0.94, "python_mops_median_during": 9.5,
+        "replay_1_lanes_events_per_s": 60_000})
+    assert got == {"replay events/s": 98_000, "CPU s, total": 5.5,
+                   "CPU s, replay (projector sink)": 3.75, "CPU s, mariadb (shared)": 1.75,
+                   "machine busy share": 0.94, "machine probe, M iterations/s": 9.5}
 
 
 class FakeRun:
