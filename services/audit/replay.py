@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import multiprocessing
 import pickle
 import queue as queues
@@ -28,7 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TextIO, TypeVar
 
 import sqlalchemy as sa
 
@@ -369,6 +370,37 @@ def _start(procs: Iterable[BaseProcess]) -> None:
         gc.unfreeze()
 
 
+def own_std_streams() -> None:
+    """Give this process, forked, ``sys.stdout`` and ``sys.stderr`` of its own.
+
+    A fork copies the parent's streams with their buffers' locks, which another thread of the
+    parent may hold at that instant (the rebuild's progress bar draws on stderr ten times a
+    second): the child's first flush would then wait forever, as a forked child's flush of
+    stderr did while a thread of its parent wrote to a full pipe. Each stream with a file
+    descriptor is replaced by a new one on it, and logging's stream handlers that wrote to
+    the old one write to the new. What an old one held unwritten is the parent's to write.
+    """
+    replaced: dict[int, TextIO] = {}
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        try:
+            fd = old.fileno()
+        except (AttributeError, OSError, ValueError):  # no stream, or not on a descriptor
+            continue
+        lines = bool(getattr(old, "line_buffering", True))
+        new = open(fd, "w", buffering=1 if lines else -1, closefd=False,  # noqa: SIM115
+                   encoding=str(getattr(old, "encoding", None) or "utf-8"),
+                   errors=str(getattr(old, "errors", None) or "strict"))
+        setattr(sys, name, new)
+        replaced[id(old)] = new
+    loggers = [logging.getLogger(), *(logger for logger in logging.Logger.manager.loggerDict
+                                      .values() if isinstance(logger, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in replaced:
+                handler.stream = replaced[id(handler.stream)]
+
+
 def lane_engine(target: SinkTarget) -> sa.Engine:
     """The engine of one lane.
 
@@ -417,6 +449,7 @@ def _lane_process(lane: int, log: LogSettings, target: SinkTarget, todo: Claims,
                   bulk: bool = False) -> None:
     """A lane process: replay ``todo`` into ``target``, reporting progress, then its stats or
     its error, on ``outbox``."""
+    own_std_streams()
     engine = lane_engine(target)
     try:
         stats = ReplayStats()

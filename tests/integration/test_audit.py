@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -304,6 +306,79 @@ def test_a_failing_lane_process_fails_the_replay_with_its_error(live: Live) -> N
     with pytest.raises(sa.exc.OperationalError, match="Unknown database"):
         asyncio.run(replay_processes(live.settings.log, target,
                                      spans({}, marks, PROJECTED_TOPICS), processes=2))
+
+
+class _HeldStream:
+    """A text stream on a file whose writes take a lock, held by a thread of the parent at the
+    fork as a buffered stream's is while that thread writes. Its flush does not: the flush
+    multiprocessing makes just before it forks passes, as it does when the thread takes the
+    lock between that flush and the fork."""
+
+    encoding, errors, line_buffering = "utf-8", "strict", True
+
+    def __init__(self, path: Path) -> None:
+        self.file = path.open("w")
+        self.lock = threading.Lock()
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            written = self.file.write(text)
+            self.file.flush()
+            return written
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+
+def _write_to_stderr(own: bool) -> None:
+    if own:
+        replay_module.own_std_streams()
+    print("printed", file=sys.stderr)
+    logging.getLogger("hs.test.held").error("logged")
+    sys.stderr.flush()
+
+
+@pytest.mark.parametrize("own", [True, False], ids=["own-streams", "inherited-streams"])
+def test_a_forked_child_writes_though_a_parent_thread_held_stderr(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, own: bool) -> None:
+    """A thread of the parent holds stderr's lock through the fork: the child's copy of that
+    lock stays held. With streams of its own (what a lane process takes first) the child
+    prints and logs to the same file; with the inherited ones it waits forever."""
+    held = _HeldStream(tmp_path / "stderr")
+    monkeypatch.setattr(sys, "stderr", held)
+    handler = logging.StreamHandler(held)
+    logging.getLogger("hs.test.held").addHandler(handler)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with held.lock:
+            holding.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    child = multiprocessing.get_context("fork").Process(target=_write_to_stderr, args=(own,))
+    try:
+        holding.wait()
+        child.start()
+        child.join(timeout=10 if own else 2)
+        if own:
+            assert child.exitcode == 0
+        else:
+            assert child.is_alive()  # stuck on the lock's copy
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+        release.set()
+        holder.join()
+        logging.getLogger("hs.test.held").removeHandler(handler)
+        held.file.close()
+    written = (tmp_path / "stderr").read_text()
+    assert written == ("printed\nlogged\n" if own else "")
 
 
 def test_a_lane_process_that_dies_fails_the_replay(live: Live,
