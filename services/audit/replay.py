@@ -346,9 +346,11 @@ def lane_start_method() -> StartMethod:
     events/s (three alternating pairs of the replay bench).
 
     Forking beside threads and a running event loop is safe here because the child uses none of
-    what it inherits: a lane builds its own event loop, engine and log reader, the threads this
-    process may run (an executor's, a sampler's) hold no lock a lane takes, and the child ends in
-    ``os._exit`` (multiprocessing's fork), so no inherited connection or loop is closed from it.
+    what it inherits: a lane builds its own event loop, engine and log reader, and takes std
+    streams of its own before anything else (:func:`own_std_streams`: the progress bar's
+    thread may hold stderr's lock at the fork); the other threads this process may run (an
+    executor's, a sampler's) hold no lock a lane takes; and the child ends in ``os._exit``
+    (multiprocessing's fork), so no inherited connection or loop is closed from it.
     macOS has fork but its system libraries are not fork-safe: spawn there, as elsewhere.
     """
     return "fork" if sys.platform == "linux" else "spawn"
