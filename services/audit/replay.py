@@ -342,8 +342,8 @@ def lane_start_method() -> StartMethod:
 
     A spawned lane spent 0.34 s of CPU (probe 9) importing what this process has loaded, and
     began that much after the lane here, which then sat idle at the end while it finished its
-    last partition. Forked lanes took 15-20% less of the lanes' CPU and gave 12-22% more
-    events/s (three alternating pairs of the replay bench).
+    last partition. Forked, in 8 alternating pairs of the replay bench: more events/s in 7
+    (median +15.6%, -17% to +25%), less of the lanes' CPU in 7 (median -13%).
 
     Forking beside threads and a running event loop is safe here because the child uses none of
     what it inherits: a lane builds its own event loop, engine and log reader, and takes std
