@@ -361,7 +361,10 @@ def _start(procs: Iterable[BaseProcess]) -> None:
     frozen first (``gc.freeze``) that a child's collections do not write to, and copy, every
     page of them. Python 3.12 and later warn of any fork beside threads (see
     :func:`lane_start_method` for why a lane's is safe)."""
-    gc.freeze()
+    # A process that froze its heap for good (services.common.gcpause) keeps it so.
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.freeze()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", r"This process .* is multi-threaded",
@@ -369,7 +372,8 @@ def _start(procs: Iterable[BaseProcess]) -> None:
             for p in procs:
                 p.start()
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
 
 
 def own_std_streams() -> None:

@@ -485,3 +485,17 @@ def test_lane_processes_fork_on_linux_only(monkeypatch: pytest.MonkeyPatch) -> N
     for other in ("darwin", "win32"):
         monkeypatch.setattr(sys, "platform", other)
         assert replay_module.lane_start_method() == "spawn"
+
+
+def test_starting_lanes_leaves_a_frozen_heap_frozen() -> None:
+    """A service froze its start-up heap for good (services.common.gcpause): starting lanes
+    does not thaw it. A heap that was not frozen is collectable again after."""
+    replay_module._start([])
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        replay_module._start([])
+        assert gc.get_freeze_count() == frozen > 0
+    finally:
+        gc.unfreeze()
