@@ -42,7 +42,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from services.common.specstore import _SUFFIX, BunchedSpecs, _Bunch, _encoder
+from services.common.specstore import _SUFFIX, BunchedSpecs, encode_bunch
 from services.worker.logstore import valid_name
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class GcsSpecStore(BunchedSpecs):
         job_ids = [int(j) for j, _ in specs]
         if any(a >= b for a, b in itertools.pairwise(job_ids)):
             raise ValueError(f"the job ids of a bunch must increase: {job_ids[:10]}...")
-        data = _encoder.encode(_Bunch(job_ids=job_ids, specs=[s for _, s in specs]))
+        data = encode_bunch(job_ids, [s for _, s in specs])
         blob = self.bucket.blob(self.object_name(batch_id, job_ids[0]))
         _call("write", lambda: blob.upload_from_string(
             data, content_type="application/octet-stream", retry=_RETRY, timeout=_TIMEOUT_S))

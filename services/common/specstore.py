@@ -5,7 +5,9 @@ a worker handed a job without its spec reads it back by (batch_id, job_id). The 
 carries the specs, so a replay of the log never needs this store.
 
 :class:`LocalSpecStore` keeps one file per bunch, ``{root}/{batch_id}/{first_job_id}.specs``,
-holding the bunch's job ids and spec texts as msgpack. A file appears whole or not at all: it is
+holding the bunch's job ids and spec texts as msgpack, compressed with zstd (a bunch of 1,024
+no-op specs is 269 KB of msgpack and 6 KB compressed; files written before compression are
+plain msgpack, and still read). A file appears whole or not at all: it is
 written to a temporary name in the same directory, flushed to disk, then renamed over its final
 name. A cloud backend (GCS) plugs in behind :class:`SpecStore`; callers run its blocking methods
 in a thread (``asyncio.to_thread``).
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+import cramjam
 import msgspec
 
 _FILE = re.compile(r"^(\d+)\.specs$")
@@ -67,6 +70,37 @@ class _Bunch(msgspec.Struct, frozen=True, array_like=True):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(_Bunch)
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+"""How a zstd frame begins; a plain bunch begins with a msgpack array's header (0x92)."""
+_LEVEL = 1
+"""zstd's fastest level. Specs of one bunch repeat each other: level 3 compresses them only 5%
+smaller, for about half again the time."""
+
+
+def encode_bunch(job_ids: list[int], specs: list[str]) -> bytes:
+    """A bunch's stored bytes: its msgpack, compressed.
+
+    Compressed, the write copies some 40 times fewer bytes into the page cache and the disk:
+    copying the 269 KB of a bunch of 1,024 no-op specs into the file was about a sixth of
+    ingest's CPU through the 1M submit (perf, 2026-11-30), compressing it costs about 0.1 ms.
+    """
+    raw = _encoder.encode(_Bunch(job_ids=job_ids, specs=specs))
+    return bytes(cramjam.zstd.compress(raw, level=_LEVEL))
+
+
+def decode_bunch(data: bytes) -> _Bunch:
+    """A bunch from its stored bytes, compressed (:func:`encode_bunch`) or plain msgpack.
+
+    Raises:
+        msgspec.DecodeError: The bytes are not a bunch (or not a whole zstd frame of one).
+
+    """
+    if data[:4] == _ZSTD_MAGIC:
+        try:
+            data = bytes(cramjam.zstd.decompress(data))
+        except cramjam.DecompressionError as e:
+            raise msgspec.DecodeError(f"a stored bunch that does not decompress: {e}") from e
+    return _decoder.decode(data)
 
 
 class BunchedSpecs:
@@ -161,7 +195,7 @@ class BunchedSpecs:
         data = self._fetch(batch_id, first_job_id)
         if data is None:
             return None
-        bunch = _decoder.decode(data)
+        bunch = decode_bunch(data)
         with self._lock:
             self._bunches[key] = bunch
             self._bunches.move_to_end(key)
@@ -200,7 +234,7 @@ class LocalSpecStore(BunchedSpecs):
         job_ids = [int(j) for j, _ in specs]
         if any(a >= b for a, b in itertools.pairwise(job_ids)):
             raise ValueError(f"the job ids of a bunch must increase: {job_ids[:10]}...")
-        data = _encoder.encode(_Bunch(job_ids=job_ids, specs=[s for _, s in specs]))
+        data = encode_bunch(job_ids, [s for _, s in specs])
         directory = self.directory(batch_id)
         try:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")

@@ -6,11 +6,13 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 from services.common.settings import Settings, load_settings, log_root, spec_root
-from services.common.specstore import LocalSpecStore, SpecStore
+from services.common.specstore import LocalSpecStore, SpecStore, decode_bunch, encode_bunch
 
 pytestmark = pytest.mark.integration
 
@@ -31,6 +33,33 @@ def test_a_bunch_round_trips(tmp_path: Path) -> None:
     other = LocalSpecStore(tmp_path)
     assert other.read(3, 4) == spec(4)
     assert sorted(p.name for p in (tmp_path / "3").iterdir()) == ["1.specs"]
+
+
+def test_a_bunch_is_stored_compressed(tmp_path: Path) -> None:
+    specs = bunch(1, 1_024)
+    LocalSpecStore(tmp_path).write_bunch(3, specs)
+    stored = (tmp_path / "3" / "1.specs").read_bytes()
+    assert stored[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    assert len(stored) * 10 < sum(len(s) for _, s in specs)
+    found = decode_bunch(stored)
+    assert (found.job_ids, found.specs) == ([j for j, _ in specs], [s for _, s in specs])
+
+
+def test_a_bunch_stored_before_compression_is_still_read(tmp_path: Path) -> None:
+    """Files written as plain msgpack (before 2026-11-30) read as they did."""
+    (tmp_path / "3").mkdir()
+    plain = msgspec.msgpack.encode([[1, 2, 3], [spec(1), spec(2), spec(3)]])
+    (tmp_path / "3" / "1.specs").write_bytes(plain)
+    store = LocalSpecStore(tmp_path)
+    assert [store.read(3, j) for j in (1, 2, 3, 4)] == [spec(1), spec(2), spec(3), None]
+
+
+@pytest.mark.parametrize("damage", [lambda b: b[:-3], lambda b: b[:4] + b"\x00" * 20],
+                         ids=["truncated", "garbled"])
+def test_a_damaged_compressed_bunch_is_a_decode_error(damage: Any) -> None:
+    stored = encode_bunch([1, 2], [spec(1), spec(2)])
+    with pytest.raises(msgspec.DecodeError):
+        decode_bunch(damage(stored))
 
 
 @pytest.mark.parametrize(("batch_id", "job_id"), [(3, 0), (3, 6), (3, 1_000), (4, 1)],
