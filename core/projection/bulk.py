@@ -30,7 +30,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.billing import DAY_MS, billable, by_day, day_name, resources_text, usage_text
+from core.billing import (
+    DAY_MS,
+    UsageTexts,
+    billable,
+    by_day,
+    day_name,
+    resources_text,
+    usage_text,
+)
 from core.completions import completion_ops
 from core.projection import billing
 from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
@@ -382,8 +390,13 @@ class _Fold:
                                   {c: d * times for c, d in inc.deltas.items()}))
         if self.attempts:
             ops.append(InsertIgnore("attempts", self._attempt_rows()))
+        jobs, texts = self.jobs, UsageTexts()
         for j, job_ms in self.job_ms.items():
-            self.jobs[j].row["resource_usage"] = usage_text(_usage(job_ms))
+            if len(job_ms) == 1:  # one set of quantities: nearly every job
+                ((quantities, ms),) = job_ms.items()
+                jobs[j].row["resource_usage"] = texts.text(quantities, ms)
+            else:
+                jobs[j].row["resource_usage"] = usage_text(_usage(job_ms))
         bp, t = self.created.billing_project, self.token
         for resource, amount in _usage(self.batch_ms).items():
             delta = {"resource_usage": amount}

@@ -14,6 +14,7 @@ from core.billing import (
     IP_FEE,
     SERVICE_FEE,
     Machine,
+    UsageTexts,
     add_usage,
     attempt_resources,
     billable,
@@ -325,6 +326,26 @@ def test_usage_text_round_trips_without_zeros_whatever_the_order(
     assert usage_of_text(text) == nonzero
     assert (text is None) == (not nonzero)
     assert usage_text(dict(reversed(list(usage_by_resource.items())))) == text
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=30), st.integers(-(2**40), 2**40)),
+                max_size=8),
+       st.lists(st.integers(1, 2**40), min_size=1, max_size=4))
+def test_usage_texts_are_usage_text_of_quantities_times_ms(
+        quantities: list[tuple[str, int]], durations: list[int]) -> None:
+    """The rebuild's formats render what usage_text does: any resource name (quotes,
+    backslashes, %, non-ASCII), zero and negative quantities, one format used many times."""
+    texts = UsageTexts()
+    key = tuple(quantities)
+    for ms in durations:
+        assert texts.text(key, ms) == usage_text({r: q * ms for r, q in dict(key).items()})
+
+
+def test_usage_texts_refuse_a_duration_without_usage() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        UsageTexts().text((("compute/1", 5),), 0)
+    assert UsageTexts().text((("compute/1", 0),), 7) is None
+    assert UsageTexts().text((('50% "off"', 2),), 3) == '[["50% \\"off\\"",6]]'
 
 
 def test_usage_text_is_pairs_sorted_by_resource() -> None:
