@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from schemas.envelope import Envelope, HeadsEnvelope
+from schemas.envelope import BulkEnvelope, Envelope, HeadsEnvelope
 from schemas.events import CURRENT_VERSIONS
 from schemas.upcast import UPCASTERS, Upcaster, upcast
 
@@ -25,6 +25,7 @@ _json_decoder = msgspec.json.Decoder(Envelope)
 _msgpack_decoder = msgspec.msgpack.Decoder(Envelope)
 _json_heads = msgspec.json.Decoder(HeadsEnvelope)
 _msgpack_heads = msgspec.msgpack.Decoder(HeadsEnvelope)
+_msgpack_bulk = msgspec.msgpack.Decoder(BulkEnvelope)
 _json_any = msgspec.json.Decoder()
 _msgpack_any = msgspec.msgpack.Decoder()
 
@@ -87,7 +88,7 @@ def decode(data: bytes, upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTER
 
 def decode_many(datas: Sequence[bytes],
                 upcasters: Mapping[tuple[str, int], Upcaster] = UPCASTERS, *,
-                heads: bool = False) -> list[Envelope]:
+                heads: bool = False, bulk: bool = False) -> list[Envelope]:
     """:func:`decode` of each of ``datas``, in order.
 
     A log's records are almost all msgpack envelopes of current versions: those are decoded
@@ -95,8 +96,14 @@ def decode_many(datas: Sequence[bytes],
     a third of a replay lane's decode). Only if some record fails that, or is of an older
     version, do those records go through :func:`decode` one by one, which raises its
     :class:`DecodeError` for the first bad one.
+
+    With ``bulk`` (implies ``heads``), the records of that loop are bulk envelopes:
+    SJ, MJS and MJC with their resources undecoded, and so unchecked until
+    :func:`schemas.envelope.full` or their reader decodes them. Records that take
+    :func:`decode` come as with ``heads``.
     """
-    dec = (_msgpack_heads if heads else _msgpack_decoder).decode
+    heads = heads or bulk
+    dec = (_msgpack_bulk if bulk else _msgpack_heads if heads else _msgpack_decoder).decode
     try:
         envs: list[Envelope] = [dec(data) for data in datas]
     except ValueError:  # msgspec's errors are ValueErrors: JSON, or not an envelope

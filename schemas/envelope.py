@@ -8,13 +8,14 @@ are not fenced).
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Union
 
 import msgspec
 
 from schemas.base import Event
 from schemas.batch import JobHeadsSubmitted, JobsSubmitted
 from schemas.events import EVENT_TYPES, AnyEvent, tag_of
+from schemas.execution import RAW_VIEWS, RawJobCompleted, RawJobScheduled, RawJobStarted
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -49,7 +50,7 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return self.event.topic
 
 
-_VIEWED: tuple[type[Event], ...] = (*EVENT_TYPES, JobHeadsSubmitted)
+_VIEWED: tuple[type[Event], ...] = (*EVENT_TYPES, JobHeadsSubmitted, *RAW_VIEWS.values())
 _TAGS: dict[type, str] = {cls: tag_of(cls) for cls in _VIEWED}
 """Each event class's tag (what :func:`~schemas.events.tag_of` reads from the class)."""
 
@@ -65,6 +66,38 @@ class HeadsEnvelope(Envelope, frozen=True, kw_only=True, gc=False):
     """
 
     event: _HeadsEvent  # type: ignore[valid-type]
+
+
+_BulkEvent = Union[tuple(  # type: ignore[valid-type]  # noqa: UP007
+    JobHeadsSubmitted if t is JobsSubmitted else RAW_VIEWS.get(t, t) for t in EVENT_TYPES)]
+
+
+class BulkEnvelope(HeadsEnvelope, frozen=True, kw_only=True, gc=False):
+    """An envelope as the rebuild's bulk lanes decode it (msgpack only).
+
+    As :class:`HeadsEnvelope`, and SJ, MJS and MJC come as their views with the resources
+    undecoded (:data:`schemas.execution.RAW_VIEWS`); :func:`full` makes them events again.
+    """
+
+    event: _BulkEvent  # type: ignore[valid-type]
+
+
+def full(envelope: Envelope) -> Envelope:
+    """``envelope`` with an event view of :class:`BulkEnvelope` made the event itself.
+
+    That is a :class:`HeadsEnvelope`; any other envelope is returned as it is.
+
+    Raises:
+        msgspec.DecodeError: The view's resources are not a resource list.
+
+    """
+    event: Any = envelope.event
+    if isinstance(event, RawJobScheduled | RawJobStarted | RawJobCompleted):
+        return HeadsEnvelope(event_id=envelope.event_id, tag=envelope.tag,
+                             schema_version=envelope.schema_version, time_ms=envelope.time_ms,
+                             key=envelope.key, producer_epoch=envelope.producer_epoch,
+                             event=event.full())
+    return envelope
 
 
 def wrap(event: AnyEvent, *, event_id: str, time_ms: int, producer_epoch: int = 0) -> Envelope:

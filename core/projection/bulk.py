@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from core.billing import (
     DAY_MS,
     UsageTexts,
@@ -62,6 +64,10 @@ from schemas.execution import (
     JobsCompleted,
     JobsScheduled,
     JobStarted,
+    RawJobCompleted,
+    RawJobScheduled,
+    RawJobStarted,
+    decode_resources,
 )
 
 _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
@@ -87,7 +93,9 @@ writes their rows, so it inserts them once with their totals (every column, zero
 one statement shape per table) instead of incrementing."""
 
 _START_KINDS: dict[type, tuple[str, ...]] = {JobScheduled: (RATE_KINDS[JobScheduled],),
-                                              JobStarted: (RATE_KINDS[JobStarted],)}
+                                              JobStarted: (RATE_KINDS[JobStarted],),
+                                              RawJobScheduled: (RATE_KINDS[JobScheduled],),
+                                              RawJobStarted: (RATE_KINDS[JobStarted],)}
 _END_KINDS: dict[bool, tuple[str, ...]] = {
     True: (RATE_KINDS[JobCompleted],),
     False: (RATE_KINDS[JobStarted], RATE_KINDS[JobCompleted])}
@@ -101,13 +109,24 @@ Quantities = tuple[tuple[str, int], ...]
 Timed = tuple[BatchEvent, int]
 """An event and its envelope's time (ms)."""
 
+Resources = Sequence[AttemptResource] | msgspec.Raw
+"""An attempt's resource list as an event holds it: decoded, or undecoded in the rebuild's
+views (:data:`schemas.execution.RAW_VIEWS`)."""
+
+ResourceLists = dict[bytes, Quantities]
+"""Undecoded resource lists already decoded, as (resource, quantity) pairs in list order."""
+
+
+class _NotFolded(Exception):
+    """A history this fold does not take after all (an undecodable resource list)."""
+
 
 @dataclass(slots=True)
 class _Attempt:
     row: dict[str, Any]
     resources: dict[str, int] = field(default_factory=dict)
     """What it is billed for: resource -> quantity per ms (the first quantity of each)."""
-    seen: Sequence[AttemptResource] = ()
+    seen: Resources = ()
     """The last resource list merged in: SJ, MJS and MJC of an attempt carry the same one."""
     quantities: Quantities = ()
     """``resources`` as a key: the attempts of a batch mostly share one."""
@@ -123,8 +142,10 @@ class _Job:
 class _Fold:
     """One batch's fold: rows by key, movements and usage summed, then operations."""
 
-    def __init__(self, created: BatchCreated, time_ms: int, token: int) -> None:
+    def __init__(self, created: BatchCreated, time_ms: int, token: int,
+                 resource_lists: ResourceLists | None = None) -> None:
         self.b = created.batch_id
+        self.resource_lists: ResourceLists = {} if resource_lists is None else resource_lists
         self.created = created
         self.token = token
         self.ops: list[Op] = fold_batch_created(created, time_ms)
@@ -225,7 +246,8 @@ class _Fold:
     # --- execution ----------------------------------------------------------------------
     # Each returns False for an event not of this path's history (about a job the batch does
     # not have, or before the commit), and counts the event's ``event_rates`` kinds.
-    def start(self, event: JobScheduled | JobStarted, time_ms: int) -> bool:
+    def start(self, event: JobScheduled | JobStarted | RawJobScheduled | RawJobStarted,
+              time_ms: int) -> bool:
         """An SJ or an MJS."""
         job = self.jobs.get(event.job_id)
         if job is None or not self.committed:
@@ -236,7 +258,8 @@ class _Fold:
         row = job.row
         attempt_id = event.attempt_id
         att = self._attempt(row["job_id"], attempt_id, event.instance_name, event.resources)
-        started = event.start_time_ms if type(event) is JobStarted else None
+        started = (event.start_time_ms if isinstance(event, JobStarted | RawJobStarted)
+                   else None)
         if started is not None:
             att.row["start_time_ms"] = started
         state = row["state"]
@@ -252,7 +275,7 @@ class _Fold:
             row["start_time_ms"] = started
         return True
 
-    def completed(self, event: JobCompleted, time_ms: int) -> bool:
+    def completed(self, event: JobCompleted | RawJobCompleted, time_ms: int) -> bool:
         """An MJC."""
         job = self.jobs.get(event.job_id)
         if job is None or not self.committed:
@@ -283,21 +306,40 @@ class _Fold:
         return True
 
     def _attempt(self, job_id: int, attempt_id: str, instance: str,
-                 resources: Sequence[AttemptResource]) -> _Attempt:
+                 resources: Resources) -> _Attempt:
         att = self.attempts.get((job_id, attempt_id))
         if att is None:
             att = self.attempts[(job_id, attempt_id)] = _Attempt({
                 "batch_id": self.b, "job_id": job_id, "attempt_id": attempt_id,
                 "instance_name": instance, "start_time_ms": None, "end_time_ms": None,
                 "rollup_time_ms": None, "reason": None, "resources": None})
-        if resources and resources != att.seen:
-            merged = att.resources
-            for r in resources:
-                if r.resource not in merged:
-                    merged[r.resource] = r.quantity
+        if resources != att.seen:  # undecoded lists compare as bytes
+            pairs = self._pairs(resources)
+            if pairs:
+                merged = att.resources
+                for resource, quantity in pairs:
+                    if resource not in merged:
+                        merged[resource] = quantity
+                att.quantities = tuple(merged.items())
             att.seen = resources
-            att.quantities = tuple(merged.items())
         return att
+
+    def _pairs(self, resources: Resources) -> Quantities:
+        """A resource list's (resource, quantity) pairs, in order.
+
+        An undecoded list is decoded once per distinct list (``_NotFolded`` if it is not one).
+        """
+        if type(resources) is not msgspec.Raw:
+            return tuple((r.resource, r.quantity) for r in resources)
+        key = bytes(resources)
+        pairs = self.resource_lists.get(key)
+        if pairs is None:
+            try:
+                decoded = decode_resources(resources)
+            except msgspec.DecodeError as e:  # the sink's path decodes it and says where
+                raise _NotFolded from e
+            pairs = self.resource_lists[key] = tuple((r.resource, r.quantity) for r in decoded)
+        return pairs
 
     def _attempt_rows(self) -> list[Row]:
         """The attempts' rows with their ``resources`` column.
@@ -442,33 +484,43 @@ class _Fold:
         return ops + shared
 
 
-def fold_batch(events: Sequence[Timed], token: int) -> list[Op] | None:
+def fold_batch(events: Sequence[Timed], token: int, *,
+               resource_lists: ResourceLists | None = None) -> list[Op] | None:
     """The operations that project one batch's whole history, or None.
 
-    None: the history is not the common lifecycle this fold covers (see the module docstring).
+    None: the history is not the common lifecycle this fold covers (see the module docstring),
+    or an undecoded resource list of it is not one.
 
     Args:
         events: every event of the batch on its partition, in log order, with their times.
+            SJ, MJS and MJC may be their views with undecoded resources.
         token: the partition's counter token.
+        resource_lists: undecoded resource lists decoded so far, shared by the folds of a
+            partition (added to); by default, this fold's own.
 
     """
     if not events or not isinstance(events[0][0], BatchCreated) or events[0][0].empty:
         return None
     created, time_ms = events[0]
     assert isinstance(created, BatchCreated)
-    fold = _Fold(created, time_ms, token)
+    fold = _Fold(created, time_ms, token, resource_lists)
     # By exact type (a bunch is either class: see JobHeadsSubmitted): one lookup per event.
     step: dict[type, Callable[[Any, int], bool]] = {
         UpdateOpened: fold.opened, JobsSubmitted: lambda e, _: fold.submitted(e),
         JobHeadsSubmitted: lambda e, _: fold.submitted(e),
         UpdateCommitted: fold.commit, JobScheduled: fold.start, JobStarted: fold.start,
+        RawJobScheduled: fold.start, RawJobStarted: fold.start,
         JobsScheduled: lambda e, t: all(fold.start(sj, t) for sj in e.expand()),
-        JobCompleted: fold.completed, AttemptHeartbeat: fold.heartbeat,
+        JobCompleted: fold.completed, RawJobCompleted: fold.completed,
+        AttemptHeartbeat: fold.heartbeat,
         JobsCompleted: lambda e, t: all(fold.completed(mjc, t) for mjc in e.expand())}
-    for event, t in events[1:]:
-        handle = step.get(type(event))
-        if handle is None or not handle(event, t):
-            return None
+    try:
+        for event, t in events[1:]:
+            handle = step.get(type(event))
+            if handle is None or not handle(event, t):
+                return None
+    except _NotFolded:
+        return None
     return fold.finish()
 
 

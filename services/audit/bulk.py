@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from core.projection.bulk import Timed, fold_batch
+from core.projection.bulk import ResourceLists, Timed, fold_batch
 from core.projection.ops import InsertIgnore, Op, Row
 from schemas.base import BatchEvent
 from services.audit.load import NotLoadable, can_load, load
@@ -37,6 +37,7 @@ from services.audit.replay import (
     Span,
     apply_retrying,
     decode_records,
+    full_records,
     retry_deadlocks,
 )
 from services.common.gcpause import gc_paused
@@ -72,7 +73,7 @@ async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span] | Claims,
                 async for messages in reader.read(span.topic, span.partition, span.start,
                                                   span.end):
                     t = time.perf_counter()
-                    records += decode_records(span, messages)
+                    records += decode_records(span, messages, bulk=bulk)
                     stats.decode_s += time.perf_counter() - t
                     if not bulk:
                         _through_sink(sink, span, records, stats, batch_size, progress)
@@ -113,10 +114,11 @@ def _fold_span(sink: Sink, span: Span, records: list[Record],
             rest.append(r)
     chunk: list[Op] = []
     rows = folded = 0
+    resource_lists: ResourceLists = {}  # each distinct one decoded once per partition
     for batch in by_batch.values():
         history: list[Timed] = [(r.envelope.event, r.envelope.time_ms)  # type: ignore[misc]
                                 for r in batch]
-        ops = fold_batch(history, token=span.partition)
+        ops = fold_batch(history, token=span.partition, resource_lists=resource_lists)
         if ops is None:
             rest += batch
             continue
@@ -134,7 +136,7 @@ def _fold_span(sink: Sink, span: Span, records: list[Record],
     if progress is not None and folded:
         progress(span, folded)
     rest.sort(key=lambda r: r.offset)
-    _through_sink(sink, span, rest, stats, batch_size, progress)
+    _through_sink(sink, span, full_records(span, rest), stats, batch_size, progress)
     with engine.begin() as conn:
         sink.store.set_position(conn, sink.consumer, span.topic, span.partition, span.end)
 

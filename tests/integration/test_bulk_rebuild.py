@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,8 @@ import msgspec
 import pytest
 import sqlalchemy as sa
 
-from core.projection.bulk import fold_batch
+from core.projection.bulk import ResourceLists, fold_batch
+from schemas import codec
 from schemas.base import AttemptResource, BatchEvent
 from schemas.batch import BatchCancelled, JobGroupRecord, JobsSubmitted, UpdateCommitted
 from schemas.control import (
@@ -28,26 +30,30 @@ from schemas.control import (
     ResourceRateSet,
     UserCreated,
 )
+from schemas.envelope import Envelope, full, wrap
 from schemas.events import AnyEvent
 from schemas.execution import (
+    RAW_VIEWS,
     AttemptHeartbeat,
     JobCompleted,
     JobScheduled,
     JobsCompleted,
     JobsScheduled,
     JobStarted,
+    RawJobStarted,
 )
 from services.audit.rebuild import drop_database
 from services.audit.replay import (
     ReplayStats,
     SinkTarget,
     Span,
+    full_records,
     replay,
     replay_processes,
     spans,
 )
 from services.audit.tables import Comparison
-from services.common.log import Publisher, bootstrap_topics, high_watermarks
+from services.common.log import Publisher, Record, bootstrap_topics, high_watermarks
 from services.common.settings import (
     LOCAL_BROKER_FETCH_MAX_WAIT_MS,
     DatabaseSettings,
@@ -232,3 +238,48 @@ def test_the_fold_takes_exactly_the_common_histories(log: Log) -> None:
             by_batch.setdefault(e.batch_id, []).append((e, T0))
     taken = {b for b, h in by_batch.items() if fold_batch(h, token=0) is not None}
     assert taken == folded
+
+
+def _as_bulk_lanes_decode(events: list[AnyEvent]) -> list[Envelope]:
+    return codec.decode_many([codec.encode(wrap(e, event_id=f"e{i}", time_ms=T0 + i))
+                              for i, e in enumerate(events)], bulk=True)
+
+
+def test_the_fold_of_undecoded_resources_is_the_fold_of_the_events() -> None:
+    """Bulk lanes fold SJ, MJS and MJC with their resources undecoded: the same operations,
+    for the same batches, as the events themselves; one resource list cache for them all."""
+    events, folded = history(500)
+    envs = _as_bulk_lanes_decode(events)
+    assert any(type(e.event) in RAW_VIEWS.values() for e in envs)
+    plain: dict[int, list[tuple[BatchEvent, int]]] = {}
+    views: dict[int, list[tuple[BatchEvent, int]]] = {}
+    for e, env in zip(events, envs, strict=True):
+        if isinstance(e, BatchEvent):
+            plain.setdefault(e.batch_id, []).append((e, env.time_ms))
+            views.setdefault(e.batch_id, []).append((env.event, env.time_ms))
+    lists: ResourceLists = {}
+    for b in plain:
+        assert fold_batch(views[b], token=1, resource_lists=lists) == fold_batch(
+            plain[b], token=1), b
+    assert {b for b in views if fold_batch(views[b], token=1) is not None} == folded
+    assert list(lists.values()) == [tuple((r.resource, r.quantity) for r in RES)]
+
+
+def test_a_bad_undecoded_resource_list_is_not_folded_and_named_where_it_is() -> None:
+    """The bulk decode leaves resources unchecked: the fold leaves such a batch to the sink's
+    path, which refuses the record by its position, as a decode of it would have."""
+    events, _ = history(500)
+    envs = _as_bulk_lanes_decode(events)
+    i = next(i for i, e in enumerate(envs) if type(e.event) is RawJobStarted
+             and e.event.batch_id == 500)
+    bad = msgspec.structs.replace(envs[i].event, resources=msgspec.Raw(b"\x91\x05"))
+    envs[i] = msgspec.structs.replace(envs[i], event=bad)
+    batch = [(env.event, env.time_ms) for env in envs
+             if isinstance(env.event, BatchEvent) and env.event.batch_id == 500]
+    assert fold_batch(batch, token=0) is None
+    span = Span("batch", 0, 0, len(envs))
+    records = [Record("batch", 0, offset, env) for offset, env in enumerate(envs)]
+    assert full_records(span, records[:i]) == [
+        Record("batch", 0, r.offset, full(r.envelope)) for r in records[:i]]
+    with pytest.raises(codec.DecodeError, match=re.escape(f"{span.label}@{i}: invalid resources")):
+        full_records(span, records)

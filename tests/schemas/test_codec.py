@@ -17,8 +17,15 @@ from schemas import codec
 from schemas.base import JobResources
 from schemas.batch import BatchCreated, JobHead, JobHeadsSubmitted, JobRecord, JobsSubmitted
 from schemas.control import BillingLimitSet
-from schemas.envelope import Envelope, HeadsEnvelope, wrap
+from schemas.envelope import BulkEnvelope, Envelope, HeadsEnvelope, full, wrap
 from schemas.events import CURRENT_VERSIONS, EVENT_TYPES, EVENTS_BY_TAG, AnyEvent, tag_of
+from schemas.execution import (
+    NO_RESOURCES,
+    RAW_VIEWS,
+    JobScheduled,
+    RawJobScheduled,
+    decode_resources,
+)
 from schemas.upcast import UpcastError, upcast
 
 from .strategies import for_struct
@@ -214,3 +221,57 @@ def test_no_event_struct_is_tracked_by_the_cyclic_collector() -> None:
     decoded = env.event.jobs[0]
     assert decoded == record
     assert not any(gc.is_tracked(s) for s in (env, env.event, decoded, decoded.resources))
+
+
+@given(event=any_event)
+@settings(max_examples=300)
+def test_bulk_decode_leaves_only_resources_undecoded(event: AnyEvent) -> None:
+    """A bulk lane's decode: SJ, MJS and MJC as views whose ``full()`` is the event itself;
+    every other event as the heads decode gives it."""
+    env = wrap(event, event_id="e", time_ms=1)
+    data = codec.encode(env)
+    (bulk,) = codec.decode_many([data], bulk=True)
+    assert isinstance(bulk, BulkEnvelope)
+    heads = codec.decode(data, heads=True)
+    view = RAW_VIEWS.get(type(event))
+    if view is None:
+        assert bulk.event == heads.event and full(bulk) is bulk
+    else:
+        assert type(bulk.event) is view
+        assert isinstance(bulk.event.resources, msgspec.Raw)
+        assert full(bulk) == heads
+        assert full(bulk).event == event
+
+
+def test_the_views_are_their_events_but_for_resources() -> None:
+    """A view keeps every field of its event, with its default, tag and version: an event
+    that gains a field must give it to its view too."""
+    for cls, view in RAW_VIEWS.items():
+        fields = {f.name: (f.type, f.default) for f in msgspec.structs.fields(cls)}
+        view_fields = {f.name: (f.type, f.default) for f in msgspec.structs.fields(view)}
+        assert fields.keys() == view_fields.keys(), view.__name__
+        assert {k: v for k, v in fields.items() if k != "resources"} == {
+            k: v for k, v in view_fields.items() if k != "resources"}, view.__name__
+        assert view_fields["resources"] == (msgspec.Raw, NO_RESOURCES)
+        assert (tag_of(view), view.version, view.topic) == (tag_of(cls), cls.version, cls.topic)
+        assert view not in EVENT_TYPES  # never appended, never decoded by default
+
+
+def test_an_omitted_resource_list_is_an_empty_one() -> None:
+    sj = JobScheduled(batch_id=1, job_id=2, attempt_id="a", instance_name="i",
+                      inst_coll="standard", cores_mcpu=1000)
+    (bulk,) = codec.decode_many([codec.encode(wrap(sj, event_id="e", time_ms=1))], bulk=True)
+    assert isinstance(bulk.event, RawJobScheduled)
+    assert bytes(bulk.event.resources) == b"\x90" and decode_resources(bulk.event.resources) == []
+    assert full(bulk).event == sj
+
+
+@pytest.mark.parametrize("resources", [b"\xc1", b"\x91\x81\xa8resource\xa1x", b"\x91\x05"],
+                         ids=["not-msgpack", "no-quantity", "not-a-resource"])
+def test_a_view_with_a_bad_resource_list_fails_when_made_full(resources: bytes) -> None:
+    """The bulk decode skips the resources' check: ``full`` (or the fold) does it."""
+    sj = RawJobScheduled(batch_id=1, job_id=2, attempt_id="a", instance_name="i",
+                         inst_coll="standard", cores_mcpu=1000,
+                         resources=msgspec.Raw(resources))
+    with pytest.raises(msgspec.DecodeError):
+        sj.full()
