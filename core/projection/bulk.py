@@ -258,8 +258,8 @@ class _Fold:
         row = job.row
         attempt_id = event.attempt_id
         att = self._attempt(row["job_id"], attempt_id, event.instance_name, event.resources)
-        started = (event.start_time_ms if isinstance(event, JobStarted | RawJobStarted)
-                   else None)
+        started = (event.start_time_ms
+                   if type(event) is RawJobStarted or type(event) is JobStarted else None)
         if started is not None:
             att.row["start_time_ms"] = started
         state = row["state"]
