@@ -508,22 +508,30 @@ def retry_deadlocks(transaction: Callable[[], T], attempts: int = 12) -> T:
     raise AssertionError("unreachable")
 
 
-def decode_records(span: Span, messages: Sequence[Any], *, bulk: bool = False
-                   ) -> list[Record]:
-    """The records of ``messages`` (aiokafka's, of ``span``'s partition), decoded as the
+def decode_envelopes(span: Span, messages: Sequence[Any], *, bulk: bool = False
+                     ) -> list[Envelope]:
+    """The envelopes of ``messages`` (aiokafka's, of ``span``'s partition), decoded as the
     projector reads them; the first that is not an envelope raises :class:`DecodeError`
     naming its position.
 
-    In one loop of typed decodes (:func:`schemas.codec.decode_many`), and each record made
-    as a plain tuple of its class: per record, a call of :func:`decode_record` and the
-    ``NamedTuple``'s ``__new__`` cost 0.8 us against 1.9 for the rest of its decode. With
-    ``bulk``, as a bulk lane folds them: SJ, MJS and MJC with their resources undecoded
+    In one loop of typed decodes (:func:`schemas.codec.decode_many`). With ``bulk``, as a
+    bulk lane folds them: SJ, MJS and MJC with their resources undecoded
     (:func:`full_records` makes them events again).
     """
     try:
-        envs = codec.decode_many([m.value for m in messages], heads=True, bulk=bulk)
+        return codec.decode_many([m.value for m in messages], heads=True, bulk=bulk)
     except codec.DecodeError:
-        envs = [decode_record(span, m.offset, m.value) for m in messages]  # names the bad one
+        return [decode_record(span, m.offset, m.value) for m in messages]  # names the bad one
+
+
+def decode_records(span: Span, messages: Sequence[Any]) -> list[Record]:
+    """The records of ``messages``: :func:`decode_envelopes` with their positions.
+
+    Each record is made as a plain tuple of its class: per record, a call of
+    :func:`decode_record` and the ``NamedTuple``'s ``__new__`` cost 0.8 us against 1.9 for the
+    rest of its decode.
+    """
+    envs = decode_envelopes(span, messages)
     new, topic, partition = tuple.__new__, span.topic, span.partition
     return [new(Record, (topic, partition, m.offset, env))
             for m, env in zip(messages, envs, strict=True)]
