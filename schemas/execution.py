@@ -8,6 +8,8 @@ duplicates as no-ops.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 
 from schemas.base import (
@@ -236,44 +238,44 @@ def decode_resources(raw: msgspec.Raw) -> list[AttemptResource]:
     return _RESOURCE_LIST.decode(raw)
 
 
-class RawJobScheduled(BatchEvent, frozen=True, kw_only=True, tag="job.scheduled"):
+class _ResourcesUndecoded(BatchEvent, frozen=True, kw_only=True):
+    """An event's view with its ``resources`` undecoded (msgpack); ``full()`` is the event."""
+
+    event_class: ClassVar[type[BatchEvent]]
+    resources: msgspec.Raw = NO_RESOURCES
+
+    def full(self) -> BatchEvent:
+        """The event itself (DecodeError if its resources are not a resource list)."""
+        fields = msgspec.structs.asdict(self)
+        fields["resources"] = decode_resources(self.resources)
+        return self.event_class(**fields)
+
+
+class RawJobScheduled(_ResourcesUndecoded, frozen=True, kw_only=True, tag="job.scheduled"):
     """A :class:`JobScheduled` with its ``resources`` undecoded (msgpack)."""
 
+    event_class: ClassVar[type[BatchEvent]] = JobScheduled
     job_id: int
     attempt_id: str
     instance_name: str
     inst_coll: str
     cores_mcpu: int
-    resources: msgspec.Raw = NO_RESOURCES
-
-    def full(self) -> JobScheduled:
-        """The event itself (DecodeError if its resources are not a resource list)."""
-        return JobScheduled(batch_id=self.batch_id, job_id=self.job_id,
-                            attempt_id=self.attempt_id, instance_name=self.instance_name,
-                            inst_coll=self.inst_coll, cores_mcpu=self.cores_mcpu,
-                            resources=decode_resources(self.resources))
 
 
-class RawJobStarted(BatchEvent, frozen=True, kw_only=True, tag="job.started"):
+class RawJobStarted(_ResourcesUndecoded, frozen=True, kw_only=True, tag="job.started"):
     """A :class:`JobStarted` with its ``resources`` undecoded (msgpack)."""
 
+    event_class: ClassVar[type[BatchEvent]] = JobStarted
     job_id: int
     attempt_id: str
     instance_name: str
     start_time_ms: int
-    resources: msgspec.Raw = NO_RESOURCES
-
-    def full(self) -> JobStarted:
-        """The event itself (DecodeError if its resources are not a resource list)."""
-        return JobStarted(batch_id=self.batch_id, job_id=self.job_id,
-                          attempt_id=self.attempt_id, instance_name=self.instance_name,
-                          start_time_ms=self.start_time_ms,
-                          resources=decode_resources(self.resources))
 
 
-class RawJobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
+class RawJobCompleted(_ResourcesUndecoded, frozen=True, kw_only=True, tag="job.completed"):
     """A :class:`JobCompleted` with its ``resources`` undecoded (msgpack)."""
 
+    event_class: ClassVar[type[BatchEvent]] = JobCompleted
     job_id: int
     attempt_id: str
     instance_name: str
@@ -282,18 +284,8 @@ class RawJobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"
     error: str | None = None
     start_time_ms: int | None = None
     end_time_ms: int
-    resources: msgspec.Raw = NO_RESOURCES
     status: str | None = None
     start_reported: bool = True
-
-    def full(self) -> JobCompleted:
-        """The event itself (DecodeError if its resources are not a resource list)."""
-        return JobCompleted(batch_id=self.batch_id, job_id=self.job_id,
-                            attempt_id=self.attempt_id, instance_name=self.instance_name,
-                            state=self.state, exit_code=self.exit_code, error=self.error,
-                            start_time_ms=self.start_time_ms, end_time_ms=self.end_time_ms,
-                            resources=decode_resources(self.resources), status=self.status,
-                            start_reported=self.start_reported)
 
 
 RAW_VIEWS: dict[type[Event], type[Event]] = {
