@@ -176,7 +176,7 @@ def write_ops(conn: sa.Connection, ops: Sequence[Op]) -> tuple[int, int]:
     of tables keyed by the batch loaded from files when the connection can
     (:mod:`services.audit.load`), the rest by the projector's writer. Returns the statements
     and the rows loaded."""
-    rest, loads = _loads(ops) if can_load(conn) else (list(ops), {})
+    rest, loads = split_loads(ops) if can_load(conn) else (list(ops), {})
     loaded = 0
     for table, rows in loads.items():
         try:
@@ -190,7 +190,7 @@ def write_ops(conn: sa.Connection, ops: Sequence[Op]) -> tuple[int, int]:
     return writer.statements + len(loads), loaded
 
 
-def _loads(ops: Sequence[Op]) -> tuple[list[Op], dict[str, list[Row]]]:
+def split_loads(ops: Sequence[Op]) -> tuple[list[Op], dict[str, list[Row]]]:
     """``ops`` split into the rows to load (new rows of tables keyed by the batch, by table)
     and what the writer writes, in order. Loads go first: nothing else a fold emits comes
     before the rows it inserts."""

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.projection.ops import Increment, InsertIgnore, Op, Row
-from services.audit.bulk import _loads, _write
+from services.audit.bulk import _write, split_loads
 from services.audit.load import (
     CONNECT_ARGS,
     LoadError,
@@ -231,7 +231,7 @@ def test_only_new_rows_of_batch_tables_of_one_shape_are_loaded() -> None:
     unkeyed = InsertIgnore("users", [{"user": "u"}])
     inc = Increment("event_rates", {"minute": 1, "kind": "SJ", "token": 0}, {"n": 1})
     ops: list[Op] = [jobs_a, unkeyed, inc, jobs_b, other_shape]
-    rest, loads = _loads(ops)
+    rest, loads = split_loads(ops)
     assert loads == {"jobs": [*jobs_a.rows, *jobs_b.rows]}
     assert rest == [unkeyed, inc, other_shape]
 
