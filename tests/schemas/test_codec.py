@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas import codec
-from schemas.base import JobResources
+from schemas.base import AttemptResource, JobResources
 from schemas.batch import BatchCreated, JobHead, JobHeadsSubmitted, JobRecord, JobsSubmitted
 from schemas.control import BillingLimitSet
 from schemas.envelope import BulkEnvelope, Envelope, HeadsEnvelope, full, wrap
@@ -275,3 +275,17 @@ def test_a_view_with_a_bad_resource_list_fails_when_made_full(resources: bytes) 
                          resources=msgspec.Raw(resources))
     with pytest.raises(msgspec.DecodeError):
         sj.full()
+
+
+def test_no_struct_of_a_bulk_envelope_is_tracked_by_the_cyclic_collector() -> None:
+    """A bulk lane holds a whole partition's envelopes with the collector paused: its views
+    must stay untracked like the events, or the first collection after would scan them all."""
+    types = {t.cls for t in _struct_types(msgspec.inspect.type_info(BulkEnvelope))}
+    assert set(RAW_VIEWS.values()) <= types
+    assert [c.__name__ for c in types if c.__struct_config__.gc] == []
+    sj = JobScheduled(batch_id=1, job_id=2, attempt_id="a", instance_name="i",
+                      inst_coll="standard", cores_mcpu=1000,
+                      resources=[AttemptResource(resource="compute/1", quantity=5)])
+    (env,) = codec.decode_many([codec.encode(wrap(sj, event_id="e", time_ms=1))], bulk=True)
+    assert isinstance(env.event, RawJobScheduled)
+    assert not any(gc.is_tracked(o) for o in (env, env.event, env.event.resources))
