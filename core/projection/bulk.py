@@ -27,7 +27,6 @@ Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -121,22 +120,23 @@ class _NotFolded(Exception):
     """A history this fold does not take after all (an undecodable resource list)."""
 
 
-@dataclass(slots=True)
 class _Attempt:
-    row: dict[str, Any]
-    resources: dict[str, int] = field(default_factory=dict)
-    """What it is billed for: resource -> quantity per ms (the first quantity of each)."""
-    seen: Resources = ()
-    """The last resource list merged in: SJ, MJS and MJC of an attempt carry the same one."""
-    quantities: Quantities = ()
-    """``resources`` as a key: the attempts of a batch mostly share one."""
+    """An attempt's ``attempts`` row, and what it is billed for.
 
+    A plain class (no dataclass defaults): one is made per attempt, and its ``__init__`` was a
+    few percent of a lane.
+    """
 
-@dataclass(slots=True)
-class _Job:
-    row: dict[str, Any]
-    """The ``jobs`` row being written (final values once the fold ends)."""
-    children: list[int] = field(default_factory=list)
+    __slots__ = ("quantities", "resources", "row", "seen")
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        self.row = row
+        self.resources: dict[str, int] = {}
+        """What it is billed for: resource -> quantity per ms (the first quantity of each)."""
+        self.seen: Resources = ()
+        """The last resource list merged in: SJ, MJS and MJC of an attempt carry the same."""
+        self.quantities: Quantities = ()
+        """``resources`` as a key: the attempts of a batch mostly share one."""
 
 
 class _Fold:
@@ -155,7 +155,10 @@ class _Fold:
         self.update: UpdateOpened | None = None
         self.update_row: dict[str, Any] | None = None
         self.committed = False
-        self.jobs: dict[int, _Job] = {}
+        # Each job's ``jobs`` row being written (final values once the fold ends), and the
+        # children of the jobs that have any.
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.children: dict[int, list[int]] = {}
         self.bunches: list[Op] = []
         self.attempts: dict[tuple[int, str], _Attempt] = {}
         # (job group, pool, cores, always_run, cancelled, old, new) -> how many jobs moved so.
@@ -191,9 +194,10 @@ class _Fold:
             return True
         ops = fold_jobs(event, new)
         rows = _rows_of(ops, "jobs")
+        jobs = self.jobs
         for j, row in zip(new, rows, strict=True):
             row.update(_JOB_DEFAULTS)
-            self.jobs[j.job_id] = _Job(row)
+            jobs[j.job_id] = row
         self.bunches += ops
         self.ops += stage_jobs(self.b, event.update_id, [
             StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
@@ -202,10 +206,9 @@ class _Fold:
             if len(set(j.parent_ids)) != len(j.parent_ids):
                 return False  # one edge per parent in job_parents, but every id counted
             for p in j.parent_ids:
-                parent = self.jobs.get(p)
-                if parent is None:
+                if p not in self.jobs:
                     return False  # a parent outside the update: not this path's history
-                parent.children.append(j.job_id)
+                self.children.setdefault(p, []).append(j.job_id)
         return True
 
     def commit(self, event: UpdateCommitted, time_ms: int) -> bool:
@@ -215,8 +218,7 @@ class _Fold:
             return True  # a duplicate request
         self.committed = True
         staged: dict[tuple[int, str], list[int]] = {}
-        for job in self.jobs.values():
-            row = job.row
+        for row in self.jobs.values():
             counts = staged.setdefault((row["job_group_id"], row["inst_coll"]), [0, 0, 0, 0, 0])
             counts[0] += 1
             if not row["n_pending_parents"]:
@@ -249,13 +251,12 @@ class _Fold:
     def start(self, event: JobScheduled | JobStarted | RawJobScheduled | RawJobStarted,
               time_ms: int) -> bool:
         """An SJ or an MJS."""
-        job = self.jobs.get(event.job_id)
-        if job is None or not self.committed:
+        row = self.jobs.get(event.job_id)
+        if row is None or not self.committed:
             return False
         rates = self.rates
         key = (time_ms // MINUTE_MS, _START_KINDS[type(event)])
         rates[key] = rates.get(key, 0) + 1
-        row = job.row
         attempt_id = event.attempt_id
         att = self._attempt(row["job_id"], attempt_id, event.instance_name, event.resources)
         started = (event.start_time_ms
@@ -277,32 +278,35 @@ class _Fold:
 
     def completed(self, event: JobCompleted | RawJobCompleted, time_ms: int) -> bool:
         """An MJC."""
-        job = self.jobs.get(event.job_id)
-        if job is None or not self.committed:
+        row = self.jobs.get(event.job_id)
+        if row is None or not self.committed:
             return False
         rates = self.rates
         key = (time_ms // MINUTE_MS, _END_KINDS[event.start_reported])
         rates[key] = rates.get(key, 0) + 1
-        row = job.row
-        att = self._attempt(row["job_id"], event.attempt_id, event.instance_name,
-                            event.resources)
+        attempt_id = event.attempt_id
+        att = self._attempt(row["job_id"], attempt_id, event.instance_name, event.resources)
         start, end = event.start_time_ms, event.end_time_ms
-        self._bill(job, event.attempt_id, end, start_ms=start, end_ms=end)
+        self._bill(row["job_id"], att, end, start_ms=start, end_ms=end)
         a = att.row
         a["start_time_ms"] = start
         a["end_time_ms"] = end
         if row["state"] not in _COMPLETE:
-            self._end(job, event.state, time_ms)
-            row.update(exit_code=event.exit_code, status=event.status, start_time_ms=start,
-                       end_time_ms=end, attempt_id=event.attempt_id,
-                       instance_name=event.instance_name)
+            self._end(row, event.state, time_ms)
+            row["exit_code"] = event.exit_code
+            row["status"] = event.status
+            row["start_time_ms"] = start
+            row["end_time_ms"] = end
+            row["attempt_id"] = attempt_id
+            row["instance_name"] = event.instance_name
         return True
 
     def heartbeat(self, event: AttemptHeartbeat, time_ms: int) -> bool:
-        job = self.jobs.get(event.job_id)
-        if job is None or not self.committed:
+        if event.job_id not in self.jobs or not self.committed:
             return False
-        self._bill(job, event.attempt_id, event.rollup_time_ms)
+        att = self.attempts.get((event.job_id, event.attempt_id))
+        if att is not None:
+            self._bill(event.job_id, att, event.rollup_time_ms)
         return True
 
     def _attempt(self, job_id: int, attempt_id: str, instance: str,
@@ -315,7 +319,11 @@ class _Fold:
                 "rollup_time_ms": None, "reason": None, "resources": None})
         if resources != att.seen:  # undecoded lists compare as bytes
             pairs = self._pairs(resources)
-            if pairs:
+            if pairs and not att.resources:  # the attempt's first list: nearly always its only
+                att.resources = merged = dict(pairs)
+                # The pairs are the key as they are unless a resource repeats (the first wins).
+                att.quantities = pairs if len(merged) == len(pairs) else tuple(merged.items())
+            elif pairs:
                 merged = att.resources
                 for resource, quantity in pairs:
                     if resource not in merged:
@@ -362,10 +370,9 @@ class _Fold:
                cancelled, old, new)
         self.moves[key] = self.moves.get(key, 0) + 1
 
-    def _bill(self, job: _Job, attempt_id: str, to_ms: int, *, start_ms: int | None = None,
+    def _bill(self, job_id: int, att: _Attempt, to_ms: int, *, start_ms: int | None = None,
               end_ms: int | None = None) -> None:
-        att = self.attempts.get((job.row["job_id"], attempt_id))
-        if att is None or not att.resources:
+        if not att.resources:
             return
         a = att.row
         start = a["start_time_ms"] if a["start_time_ms"] is not None else start_ms
@@ -381,9 +388,9 @@ class _Fold:
         # Milliseconds summed by the quantities they are billed at: usage (quantity times ms)
         # is made per resource once per job, day and batch in finish, not per interval.
         quantities = att.quantities
-        job_ms = self.job_ms.get(job.row["job_id"])
+        job_ms = self.job_ms.get(job_id)
         if job_ms is None:
-            job_ms = self.job_ms[job.row["job_id"]] = {}
+            job_ms = self.job_ms[job_id] = {}
         job_ms[quantities] = job_ms.get(quantities, 0) + ms
         self.batch_ms[quantities] = self.batch_ms.get(quantities, 0) + ms
         day_ms = self.day_ms
@@ -396,14 +403,13 @@ class _Fold:
                 key = (day.isoformat(), quantities)
                 day_ms[key] = day_ms.get(key, 0) + day_hi - day_lo
 
-    def _end(self, job: _Job, state: JobState, time_ms: int) -> None:
-        row = job.row
+    def _end(self, row: dict[str, Any], state: JobState, time_ms: int) -> None:
         self._move(row, row["state"], state)
         row["state"] = state
         self.n_completed += 1
         failed = state != "Success"
-        for c in job.children:
-            child = self.jobs[c].row
+        for c in self.children.get(row["job_id"], ()):
+            child = self.jobs[c]
             if child["state"] != "Pending":
                 continue
             flag = failed and not child["always_run"]
@@ -436,9 +442,9 @@ class _Fold:
         for j, job_ms in self.job_ms.items():
             if len(job_ms) == 1:  # one set of quantities: nearly every job
                 ((quantities, ms),) = job_ms.items()
-                jobs[j].row["resource_usage"] = texts.text(quantities, ms)
+                jobs[j]["resource_usage"] = texts.text(quantities, ms)
             else:
-                jobs[j].row["resource_usage"] = usage_text(_usage(job_ms))
+                jobs[j]["resource_usage"] = usage_text(_usage(job_ms))
         bp, t = self.created.billing_project, self.token
         for resource, amount in _usage(self.batch_ms).items():
             delta = {"resource_usage": amount}
