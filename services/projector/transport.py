@@ -15,6 +15,13 @@ the offset stored with the projection, and records fetched before that, from whe
 left the partition, reached the agent after the seek and were applied (seen: a restart applied
 the records after one that had stopped the projector, because faust had committed past it).
 An app on this transport must seek every partition it is assigned.
+
+faust seeks every assigned partition to the group's committed offset too, in its recovery, and
+that seek may end after the app's (it awaits the broker; the app's handler awaits the database):
+it then moved the position, and faust's own read offset, past what the projection applied, and
+faust dropped every record it read below that offset. A restart after a record that stopped the
+projector sat idle past it (seen under CI's load). The app's seek wins: faust's seek to the
+committed offsets puts every partition the app has sought back where the app sought it.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         self._gaps: GapGuard[TP] = GapGuard()
         self._next: dict[TP, int] = {}  # after the last record handed to faust, per partition
         self._unsought: set[TP] = set()  # assigned, and not sought since: deliver nothing
+        self._sought: dict[TP, int] = {}  # where the app sought each partition since assigned
 
     async def _fetch_records(self, consumer: Any, active_partitions: Any,
                              timeout: float | None = None,  # noqa: ASYNC109 (faust's signature)
@@ -63,8 +71,19 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return fetched
 
     def seek(self, partition: TP, offset: int) -> None:
+        self._sought[partition] = offset
         self._moved(partition, offset)
         super().seek(partition, offset)
+
+    async def seek_to_committed(self) -> Any:
+        # faust's recovery; the app may seek before it, or while it awaits the broker.
+        committed = dict(await super().seek_to_committed())
+        for tp, offset in list(self._sought.items()):
+            if tp in committed:
+                self._ensure_consumer().seek(tp, offset)
+                self._moved(tp, offset)
+                committed[tp] = offset
+        return committed
 
     async def _seek_wait(self, consumer: Any, partitions: Any) -> None:
         for tp, offset in partitions.items():
@@ -78,6 +97,7 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         self._next.clear()
         self._gaps = GapGuard()
         self._unsought = set(assigned)
+        self._sought = {}
         await super().on_partitions_assigned(assigned, generation)
 
     def _moved(self, tp: TP, offset: int) -> None:

@@ -115,8 +115,35 @@ async def test_projector_applies_exactly_once_across_kill(
         engine.dispose()
 
 
+LATE_RECOVERY_SEEK = """
+import asyncio
+from faust.transport.drivers import aiokafka as driver
+
+_seek_to_committed = driver.AIOKafkaConsumerThread.seek_to_committed
+
+
+async def late(self):
+    await asyncio.sleep(2.0)  # a broker slow to give faust the group's committed offsets
+    return await _seek_to_committed(self)
+
+
+driver.AIOKafkaConsumerThread.seek_to_committed = late
+"""
+"""A ``sitecustomize`` for the projector's process: faust's recovery seeks to the committed
+offsets after the projector sought to the stored ones (what a loaded machine did in CI)."""
+
+
+@pytest.mark.parametrize("late_recovery_seek", [False, True],
+                         ids=["as-it-comes", "faust-seeks-after-the-projector"])
 async def test_a_record_it_cannot_apply_stops_the_projector_before_anything_after_it(
-        projector: Projector, log_settings: LogSettings, migrated_db: DatabaseSettings) -> None:
+        projector: Projector, log_settings: LogSettings, migrated_db: DatabaseSettings,
+        tmp_path: Path, late_recovery_seek: bool) -> None:
+    if late_recovery_seek:
+        site = tmp_path / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(LATE_RECOVERY_SEEK)
+        projector.env["PYTHONPATH"] = os.pathsep.join(
+            [str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     await bootstrap_topics(log_settings)
     engine = sa.create_engine(migrated_db.url())
     producer = AIOKafkaProducer(bootstrap_servers=log_settings.bootstrap_servers)
