@@ -9,8 +9,9 @@ holding the bunch's job ids and spec texts as msgpack, compressed with zstd (a b
 no-op specs is 269 KB of msgpack and 6 KB compressed; files written before compression are
 plain msgpack, and still read). A file appears whole or not at all: it is
 written to a temporary name in the same directory, flushed to disk, then renamed over its final
-name. A cloud backend (GCS) plugs in behind :class:`SpecStore`; callers run its blocking methods
-in a thread (``asyncio.to_thread``).
+name, and the directory is flushed too (the rename itself is only on disk once it is). A cloud
+backend (GCS) plugs in behind :class:`SpecStore`; callers run its blocking methods in a thread
+(``asyncio.to_thread``).
 """
 
 from __future__ import annotations
@@ -204,6 +205,15 @@ class BunchedSpecs:
         return bunch
 
 
+def fsync_directory(path: Path) -> None:
+    """Flush a directory's entries (names made, renamed or removed) to disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class LocalSpecStore(BunchedSpecs):
     """Specs as files under ``root`` (the local default, and tests').
 
@@ -242,6 +252,8 @@ class LocalSpecStore(BunchedSpecs):
             # (a mkdir of an existing directory per bunch waited on the directory's lock
             # behind the other bunches' renames: a tenth of a bunch request's time, measured)
             directory.mkdir(parents=True, exist_ok=True)
+            if self._fsync:  # the batch's directory is an entry of the root's
+                fsync_directory(directory.parent)
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -254,6 +266,10 @@ class LocalSpecStore(BunchedSpecs):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
+        if self._fsync:
+            # The new name is an entry of the directory: until the directory is on disk, a
+            # crash of the machine could lose it, and the bunch's event is published next.
+            fsync_directory(directory)
         self._written(batch_id, job_ids[0])
 
     def _list_ids(self, batch_id: int) -> list[int]:

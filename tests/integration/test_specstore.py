@@ -177,3 +177,30 @@ def test_storage_roots_from_the_settings(tmp_path: Path) -> None:
     assert (spec_root(given), log_root(given)) == ("/s", "/l")
     relative = Settings(data_dir="var")
     assert os.path.isabs(spec_root(relative)) and spec_root(relative).endswith("var/specs")
+
+
+def test_a_written_bunch_and_its_name_are_flushed_to_disk(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """The file before its rename, then the directory that holds its new name (and, for a
+    batch's first bunch, the root that holds the batch's new directory): what a crash of the
+    machine must not lose once the bunch's event is published."""
+    flushed: list[str] = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    store = LocalSpecStore(tmp_path)
+    store.write_bunch(3, bunch(1, 2))
+    store.write_bunch(3, bunch(3, 2))
+    batch = str(tmp_path / "3")
+    assert flushed[0] == str(tmp_path)  # the new batch directory's entry
+    assert flushed[1].startswith(batch + "/.") and flushed[1].endswith(".tmp")
+    assert flushed[2:] == [batch, flushed[3], batch]
+    assert flushed[3].startswith(batch + "/.")
+    flushed.clear()
+    LocalSpecStore(tmp_path, fsync=False).write_bunch(4, bunch(1, 2))
+    assert flushed == []
