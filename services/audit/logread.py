@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import murmur2
 
 from core.log_gaps import GapGuard
-from services.common.log import LogError, start_client
+from services.common.log import LogError, start_client, stop_client
 from services.common.settings import LogSettings
 
 
@@ -61,7 +61,7 @@ class PartitionReader:
     async def __aexit__(self, *exc: object) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
-            await consumer.stop()
+            await stop_client(consumer.stop)
 
     def _started(self) -> AIOKafkaConsumer:
         if self._consumer is None:

@@ -25,7 +25,7 @@ async def admin_client(log: LogSettings, *, timeout_ms: int = 5_000
     try:
         yield admin
     finally:
-        await admin.close()
+        await log_module.stop_client(admin.close)
 
 
 async def wait_for_broker(log: LogSettings, *, wait_s: float) -> list[str]:

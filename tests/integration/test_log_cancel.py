@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from services.audit.logread import PartitionReader
 from services.common.log import (
@@ -22,6 +23,7 @@ from services.common.log import (
     Publisher,
     bootstrap_topics,
     high_watermarks,
+    stop_client,
 )
 from services.common.settings import TOPIC_BATCH, LogSettings
 
@@ -32,6 +34,11 @@ MAX_TRIES = 140
 by a tenth each time (waiting for the broker, a start spends many turns on one step). An
 ungrouped consumer's start waits out the fetch wait three times: about 77,000 turns at the local
 broker's 60 ms, which the 120th try barely reaches; the 140th tries some 550,000."""
+
+
+ENDS_WITHIN_S = 60.0
+"""A cancelled use ends within this (a start's grace is 5 s, a stop's 10 s); past it, the
+cancellation was lost and the use would sleep on."""
 
 
 def _turns(tries: int) -> Iterator[int]:
@@ -55,6 +62,9 @@ def _cancel_at_every_turn(use: Use, *, tries: int = MAX_TRIES, until_up: bool = 
         for _ in range(turns):
             await asyncio.sleep(0)
         task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=ENDS_WITHIN_S)
+        assert done, (f"cancelled after {turns} turns, the client's use did not end in "
+                      f"{ENDS_WITHIN_S:g} s: a cancellation was swallowed")
         (result,) = await asyncio.gather(task, return_exceptions=True)
         assert isinstance(result, asyncio.CancelledError), result
         return up.is_set()
@@ -122,3 +132,37 @@ def test_a_high_watermark_read_and_a_topic_bootstrap(log_settings: LogSettings) 
     # the first fetches are swept.
     assert _cancel_at_every_turn(marks, tries=60, until_up=False) == 60
     assert _cancel_at_every_turn(topics) > 5
+
+
+def test_a_cancellation_while_a_client_stops_reaches_the_caller(log_settings: LogSettings) -> None:
+    """aiokafka's close awaits its metadata task under ``suppress(CancelledError)``: a caller
+    cancelled there lost its cancellation and went on (a cancelled topic bootstrap returned,
+    then slept). Cancelled at every turn of a stop, the caller ends cancelled, and the client's
+    connections are closed all the same."""
+
+    async def once(turns: int) -> bool:
+        admin = AIOKafkaAdminClient(bootstrap_servers=log_settings.bootstrap_servers)
+        await admin.start()
+        await admin.list_topics()  # a connection to the broker, beside the bootstrap one
+        task = asyncio.create_task(stop_client(admin.close))
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if task.done():
+            await task
+            return False
+        task.cancel()
+        (result,) = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(result, asyncio.CancelledError), (turns, result)
+        assert admin._closed
+        return True
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        mid_stop = 0
+        for turns in range(1, 40):  # after 0 turns the task never started: no stop to cut
+            if not asyncio.run(once(turns)):
+                break
+            mid_stop += 1
+        gc.collect()
+    assert mid_stop >= 2
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
