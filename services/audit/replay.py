@@ -243,13 +243,7 @@ async def _lane(log: LogSettings, sink: Sink, todo: Iterable[Span], stats: Repla
             if progress is not None:
                 progress(span, len(records))
     finally:
-        if not reader.done():
-            reader.cancel()
-        try:
-            await reader  # the reader's error, if it failed
-        except asyncio.CancelledError:
-            if not reader.cancelled():
-                raise
+        await eventloop.cancel_and_wait(reader)  # the reader's error, if it failed
 
 
 class ReplayError(Exception):

@@ -58,3 +58,21 @@ def run(main: Coroutine[Any, Any, T], factory: LoopFactory | None) -> T:
     """``asyncio.run(main)`` on a loop from ``factory`` (None: asyncio's)."""
     with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` (if not done) and wait for it to end; raise its error if it failed.
+
+    The usual ``task.cancel()`` then ``with suppress(CancelledError): await task`` also
+    swallows a cancellation of the *caller* that arrives while it waits: the caller carries on
+    as if it had never been cancelled, and whatever waits for it to end waits forever (aiokafka's
+    client close does just that: ``services.common.log.stop_client``). Here a CancelledError is
+    swallowed only when the caller has no cancellation of its own pending.
+    """
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if me is not None and me.cancelling():
+            raise

@@ -17,13 +17,13 @@ did when each was its own record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Final
 
 from schemas.events import AnyEvent
 from schemas.execution import JobCompleted, JobsCompleted
+from services.common.eventloop import cancel_and_wait
 from services.common.log import LogError, Publisher
 
 log = logging.getLogger(__name__)
@@ -138,9 +138,7 @@ class Outbox:
         self._closed = True
         task = self._task
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         for _, done in (*self._inflight, *self._pending):
             done.cancel()
         self._inflight, self._pending = [], []
