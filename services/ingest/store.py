@@ -170,7 +170,10 @@ class Store:
         if self._poller is None or self._poller.done():
             self._poller = asyncio.create_task(self._poll())
         try:
-            return await asyncio.wait_for(waiter.done, timeout_s)
+            # Not wait_for: on Python 3.11 it returns the result, dropping the caller's
+            # cancellation, when the future is done as the caller is cancelled.
+            async with asyncio.timeout(timeout_s):
+                return await waiter.done
         except TimeoutError:
             return False
         finally:

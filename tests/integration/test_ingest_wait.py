@@ -146,3 +146,18 @@ async def test_a_slack_wait_that_an_earlier_poll_covers_ends_without_a_query(
     # A read-your-writes wait (no slack) always asks: a rebuilt projection may be behind.
     assert await store.wait_applied([LogPosition("batch", 0, 5)], timeout_s=5)
     assert polls == before + 1
+
+
+async def test_a_request_cancelled_as_its_wait_ends_ends_cancelled(engine: sa.Engine) -> None:
+    """The projector reaching the offset in the same turn as the request's cancellation (its
+    client gone, say): the request ends cancelled. ``asyncio.wait_for`` on Python 3.11 returned
+    True there, dropping the cancellation, and the handler went on."""
+    store = Store(engine, CONSUMER)
+    task = asyncio.create_task(store.wait_applied([LogPosition("batch", 0, 5)], timeout_s=20))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    (waiter,) = store._waiters
+    waiter.done.set_result(True)  # as the poller does when it sees the offset applied
+    task.cancel()
+    (result,) = await asyncio.gather(task, return_exceptions=True)
+    assert isinstance(result, asyncio.CancelledError), result
