@@ -98,10 +98,11 @@ async def start_client(start: Callable[[], Awaitable[None]],
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)  # its error is the one raised
-            # Stopping a client whose start never ran to its end can re-raise the start's
-            # cancellation; the error worth raising is the one that stopped the start.
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await close()
+            # The error worth raising is the one that stopped the start, unless the caller is
+            # cancelled while the client closes: then the cancellation (a caller retrying a
+            # failed start must not retry after being cancelled).
+            with contextlib.suppress(Exception):
+                await stop_client(close)
         raise
 
 
@@ -119,12 +120,17 @@ async def stop_client(stop: Callable[[], Awaitable[None]]) -> None:
     (a hang seen once in CI, reproduced in a minute of cancelled bootstraps). So the stop runs
     as a task of its own, awaited through a shield: the caller's cancellation reaches the
     caller, after the stop has been given up to :data:`STOP_GRACE_S` to close the connections.
-    The stop's own error, if any, is the one raised when the caller was not cancelled.
+    The stop's own error, if any, is the one raised when the caller was not cancelled; a stop
+    that ends cancelled by itself (aiokafka re-raises the cancellation of a start that never
+    ended) has closed what it could, and returns.
     """
     task = asyncio.ensure_future(stop())
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
+        me = asyncio.current_task()
+        if task.done() and task.cancelled() and (me is None or not me.cancelling()):
+            return  # the stop's own cancellation, not the caller's
         if not task.done():
             await asyncio.wait({task}, timeout=STOP_GRACE_S)
         if task.done():

@@ -23,6 +23,7 @@ from services.common.log import (
     Publisher,
     bootstrap_topics,
     high_watermarks,
+    start_client,
     stop_client,
 )
 from services.common.settings import TOPIC_BATCH, LogSettings
@@ -166,3 +167,49 @@ def test_a_cancellation_while_a_client_stops_reaches_the_caller(log_settings: Lo
         gc.collect()
     assert mid_stop >= 2
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+async def _start_fails() -> None:
+    raise RuntimeError("no broker")
+
+
+def test_a_cancellation_while_a_failed_start_closes_wins_over_its_error() -> None:
+    """A caller retrying failed starts (a retryable error) must not retry once cancelled: a
+    cancellation that arrives while the failed start's client closes is what the caller gets,
+    and the close still ends."""
+
+    async def main() -> None:
+        closing, closed = asyncio.Event(), asyncio.Event()
+
+        async def slow_close() -> None:
+            closing.set()
+            await asyncio.sleep(0.05)
+            closed.set()
+
+        task = asyncio.create_task(start_client(_start_fails, slow_close))
+        await closing.wait()
+        task.cancel()
+        (result,) = await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(result, asyncio.CancelledError), result
+        assert closed.is_set()
+
+        # Not cancelled, the start's own error is raised.
+        with pytest.raises(RuntimeError, match="no broker"):
+            await start_client(_start_fails, slow_close)
+
+    asyncio.run(main())
+
+
+def test_a_stop_that_ends_cancelled_by_itself_returns() -> None:
+    """aiokafka's stop of a client whose start never ended can re-raise that start's
+    cancellation: the caller, not cancelled itself, goes on."""
+
+    async def main() -> None:
+        async def stop_reraising() -> None:
+            await asyncio.sleep(0)
+            raise asyncio.CancelledError
+
+        await stop_client(stop_reraising)  # returns
+        assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+    asyncio.run(main())
