@@ -41,7 +41,9 @@ class IdTally:
         return k >= 0 and i < self._ends[k]
 
     def seen_within(self, lo: int, hi: int) -> int:
-        """How many ids of ``[lo, hi)`` have been seen."""
+        """How many ids of ``[lo, hi)`` have been seen (none in an empty range, ``hi <= lo``)."""
+        if hi <= lo:  # a run across lo would otherwise count hi - lo, a negative
+            return 0
         starts, ends = self._starts, self._ends
         n = 0
         for k in range(max(bisect_right(ends, lo), 0), len(starts)):
