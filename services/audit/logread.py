@@ -27,6 +27,13 @@ def partition_for(key: bytes, n_partitions: int) -> int:
     return int(murmur2(key) & 0x7FFFFFFF) % n_partitions
 
 
+FETCH_WAIT_MS = 10
+"""How long the broker may hold a fetch that finds nothing. A span is read only up to where
+the log already was, so waiting for new records is never useful here; and the consumer sends
+a new fetch of a partition as soon as it has read to its end, which a reader moving on to the
+next partition then waited out (aiokafka's default 500 ms, a second of a 6 s replay)."""
+
+
 class PartitionReader:
     """Reads spans of single partitions with one group-less consumer. An async context manager."""
 
@@ -43,7 +50,8 @@ class PartitionReader:
             bootstrap_servers=s.bootstrap_servers, client_id=f"{s.client_id}-audit",
             request_timeout_ms=s.request_timeout_ms, enable_auto_commit=False,
             auto_offset_reset="earliest", max_partition_fetch_bytes=16 * 1024 * 1024,
-            fetch_max_bytes=64 * 1024 * 1024, isolation_level="read_uncommitted")
+            fetch_max_bytes=64 * 1024 * 1024, isolation_level="read_uncommitted",
+            fetch_max_wait_ms=FETCH_WAIT_MS)
         try:
             await start_client(consumer.start, consumer.stop)
         except KafkaError as e:
