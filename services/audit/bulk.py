@@ -18,13 +18,10 @@ into a new database; a failed rebuild drops it), and partitions larger than
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import partial
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 
@@ -45,7 +42,6 @@ from services.audit.replay import (
     full_records,
     retry_deadlocks,
 )
-from services.common import gcpause
 from services.common.gcpause import gc_paused
 from services.common.log import Record
 from services.common.settings import LogSettings
@@ -66,94 +62,33 @@ async def bulk_lane(log: LogSettings, sink: Sink, todo: Sequence[Span] | Claims,
 
     Spans the consumer applied anything of, and spans too large to hold, go through ``sink``
     record by record as :func:`services.audit.replay.replay` would.
-
-    The folded rows are written by a thread of the lane (:class:`_Writes`) while the lane reads
-    and folds what comes next: a write is mostly waiting for the database (its loads, its
-    commit's flush), and two lanes waiting at once left the machine idle.
     """
     every = todo.spans if isinstance(todo, Claims) else todo
     stored = sink.store.load(sink.consumer, sorted({s.topic for s in every}))
-    writes = _Writes(stats, progress)
-    try:
-        async with PartitionReader(log, max_records=batch_size) as reader:
-            for span in todo:
-                bulk = span.size <= MAX_RECORDS and not stored.get((span.topic, span.partition))
-                if not bulk:
-                    await writes.drain()  # the sink is used from this thread from here on
-                # A folded span's records all live until it is written: nothing for the cyclic
-                # collector to find, and a fifth of the lane's CPU spent looking (gcpause.py).
-                with gc_paused() if bulk else contextlib.nullcontext():
-                    envs: list[Envelope] = []
-                    offsets: list[int] = []
-                    async for messages in reader.read(span.topic, span.partition, span.start,
-                                                      span.end):
-                        t = time.perf_counter()
-                        if bulk:
-                            envs += decode_envelopes(span, messages, bulk=True)
-                            offsets += [m.offset for m in messages]
-                            stats.decode_s += time.perf_counter() - t
-                        else:
-                            records = decode_records(span, messages)
-                            stats.decode_s += time.perf_counter() - t
-                            _through_sink(sink, span, records, stats, batch_size, progress)
+    async with PartitionReader(log, max_records=batch_size) as reader:
+        for span in todo:
+            bulk = span.size <= MAX_RECORDS and not stored.get((span.topic, span.partition))
+            # A folded span's records all live until it is written: nothing for the cyclic
+            # collector to find, and a fifth of the lane's CPU spent looking (gcpause.py).
+            with gc_paused() if bulk else contextlib.nullcontext():
+                envs: list[Envelope] = []
+                offsets: list[int] = []
+                async for messages in reader.read(span.topic, span.partition, span.start,
+                                                  span.end):
+                    t = time.perf_counter()
                     if bulk:
-                        await _fold_span(sink, span, envs, offsets, stats, batch_size, writes)
-                    # Freed while paused: the first collection after the pause would otherwise
-                    # scan every envelope still held (8% of the lane, measured).
-                    envs, offsets = [], []
-            await writes.drain()
-    finally:
-        writes.close()
-
-
-class _Writes:
-    """A bulk lane's writes, run one after another in a thread of their own, in the order
-    given. At most one is running or waiting: the lane's next write waits for the one before
-    it, so a lane holds at most two writes' rows.
-
-    A write returns its own :class:`ReplayStats`, added to the lane's when the lane next waits
-    for it; its progress is reported on the lane's event loop.
-    """
-
-    def __init__(self, stats: ReplayStats, progress: Progress | None) -> None:
-        self._stats = stats
-        self._progress = progress
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="bulk-write")
-        self._pending: Future[ReplayStats] | None = None
-        self._loop = asyncio.get_running_loop()
-
-    def progress(self, span: Span, n: int) -> None:
-        """Report progress from the writing thread (on the lane's loop)."""
-        if self._progress is not None:
-            self._loop.call_soon_threadsafe(self._progress, span, n)
-
-    async def submit(self, write: Callable[[], ReplayStats]) -> None:
-        """Run ``write`` once the write before it has ended (its error is raised here).
-
-        The collector stays paused from here until ``write`` has ended: what it writes was
-        made in the lane's pause, and ``write`` lets it go before the pause ends (gcpause.py).
-        """
-        await self.drain()
-        gcpause.pause()
-        try:
-            self._pending = self._pool.submit(_resuming, write)
-        except BaseException:
-            gcpause.resume()
-            raise
-
-    async def drain(self) -> None:
-        """Wait for the write in flight; raise its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._stats.add(await asyncio.wrap_future(pending))
-
-    def close(self) -> None:
-        """Wait for the write in flight, blocking (a lane that stops for an error or a
-        cancellation must not leave a write running on its engine), and end the thread.
-
-        A write submitted and not yet started still runs: cancelled, it would leave the
-        collector paused (:meth:`submit`)."""
-        self._pool.shutdown(wait=True)
+                        envs += decode_envelopes(span, messages, bulk=True)
+                        offsets += [m.offset for m in messages]
+                        stats.decode_s += time.perf_counter() - t
+                    else:
+                        records = decode_records(span, messages)
+                        stats.decode_s += time.perf_counter() - t
+                        _through_sink(sink, span, records, stats, batch_size, progress)
+                if bulk:
+                    _fold_span(sink, span, envs, offsets, stats, batch_size, progress)
+                # Freed while paused: the first collection after the pause would otherwise
+                # scan every envelope still held (8% of the lane, measured).
+                envs, offsets = [], []
 
 
 def _through_sink(sink: Sink, span: Span, records: list[Record], stats: ReplayStats,
@@ -170,10 +105,9 @@ def _through_sink(sink: Sink, span: Span, records: list[Record], stats: ReplaySt
             progress(span, len(chunk))
 
 
-async def _fold_span(sink: Sink, span: Span, envs: list[Envelope], offsets: list[int],
-                     stats: ReplayStats, batch_size: int, writes: _Writes) -> None:
-    """Fold what can be folded and hand its rows to ``writes``; then the rest, through the
-    sink, and the span's position, also by ``writes`` (after the rows, in that thread).
+def _fold_span(sink: Sink, span: Span, envs: list[Envelope], offsets: list[int],
+               stats: ReplayStats, batch_size: int, progress: Progress | None) -> None:
+    """Fold what can be folded, send the rest through the sink, then store the position.
 
     ``envs`` are the span's envelopes in log order (a bulk decode), ``offsets`` their
     positions. Batches are folded from their (event, time) pairs: only what goes to the sink
@@ -203,56 +137,24 @@ async def _fold_span(sink: Sink, span: Span, envs: list[Envelope], offsets: list
         folded += len(history)
         rows += sum(len(getattr(op, "rows", ())) or 1 for op in ops)
         if rows >= WRITE_ROWS:
-            stats.apply_s += time.perf_counter() - t
-            await writes.submit(partial(_write_folded, engine, chunk))
-            t = time.perf_counter()
+            _write(engine, chunk, stats)
             chunk, rows = [], 0
-    del by_batch
+    if chunk:
+        _write(engine, chunk, stats)
+    stats.apply_s += time.perf_counter() - t
+    stats.events += folded
+    stats.folded += folded
+    if progress is not None and folded:
+        progress(span, folded)
     rest: list[Record] = []
     if others or unfolded:  # in log order
         new, topic, partition = tuple.__new__, span.topic, span.partition
-        rest = full_records(span, [
-            new(Record, (topic, partition, offset, env))
-            for offset, env in zip(offsets, envs, strict=True)
-            if not isinstance(env.event, BatchEvent) or env.event.batch_id in unfolded])
-    stats.apply_s += time.perf_counter() - t
-    await writes.submit(partial(_finish_span, sink, span, chunk, folded, rest, batch_size,
-                                 writes))
-
-
-def _resuming(write: Callable[[], ReplayStats]) -> ReplayStats:
-    try:
-        return write()
-    finally:
-        gcpause.resume()
-
-
-def _write_folded(engine: sa.Engine, ops: list[Op]) -> ReplayStats:
-    """(In the writing thread) write ``ops`` in one transaction, and let them go."""
-    stats = ReplayStats()
-    t = time.perf_counter()
-    try:
-        _write(engine, ops, stats)
-    finally:
-        ops.clear()  # inside the pause (_Writes.submit)
-    stats.apply_s += time.perf_counter() - t
-    return stats
-
-
-def _finish_span(sink: Sink, span: Span, ops: list[Op], folded: int, rest: list[Record],
-                 batch_size: int, writes: _Writes) -> ReplayStats:
-    """(In the writing thread) a folded span's last rows, its other records through the sink in
-    log order, then its position."""
-    stats = _write_folded(sink.engine, ops) if ops else ReplayStats()
-    stats.events += folded
-    stats.folded += folded
-    if folded:
-        writes.progress(span, folded)
-    _through_sink(sink, span, rest, stats, batch_size, writes.progress)
-    rest.clear()
-    with sink.engine.begin() as conn:
+        rest = [new(Record, (topic, partition, offset, env))
+                for offset, env in zip(offsets, envs, strict=True)
+                if not isinstance(env.event, BatchEvent) or env.event.batch_id in unfolded]
+    _through_sink(sink, span, full_records(span, rest), stats, batch_size, progress)
+    with engine.begin() as conn:
         sink.store.set_position(conn, sink.consumer, span.topic, span.partition, span.end)
-    return stats
 
 
 def _write(engine: sa.Engine, ops: list[Op], stats: ReplayStats) -> None:

@@ -13,52 +13,35 @@ too, and the collector runs again as soon as the step ends. A step should drop w
 before its pause ends: the collector counts objects allocated and not yet freed, so the first
 collection after the pause would scan everything still held.
 
-Pauses nest and may overlap (lanes of one process interleave on its event loop, and a bulk lane
-hands its rows to a writing thread): the collector is off while any pause is open, and comes
-back on when the last one closes, if it was on before the first.
+Pauses nest and may overlap (lanes of one process interleave on its event loop): the collector
+is off while any pause is open, and comes back on when the last one closes, if it was on
+before the first.
 """
 
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _depth = 0
 _was_enabled = False
-_lock = threading.Lock()
-
-
-def pause() -> None:
-    """Open a pause (the collector off until every open pause is resumed). A pause may be
-    resumed by another thread than the one that opened it: a step handed to a thread with
-    the objects it holds keeps the collector off across the hand-over."""
-    global _depth, _was_enabled
-    with _lock:
-        if _depth == 0:
-            _was_enabled = gc.isenabled()
-            gc.disable()
-        _depth += 1
-
-
-def resume() -> None:
-    """Close a pause that :func:`pause` opened."""
-    global _depth
-    with _lock:
-        _depth -= 1
-        if _depth == 0 and _was_enabled:
-            gc.enable()
 
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
     """The collector off for the ``with`` body (see the module docstring)."""
-    pause()
+    global _depth, _was_enabled
+    if _depth == 0:
+        _was_enabled = gc.isenabled()
+        gc.disable()
+    _depth += 1
     try:
         yield
     finally:
-        resume()
+        _depth -= 1
+        if _depth == 0 and _was_enabled:
+            gc.enable()
 
 
 SERVICE_GC_THRESHOLDS = (50_000, 20, 20)

@@ -9,11 +9,8 @@ bulk replays must have folded the batches their path covers (not sent everything
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import re
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +42,6 @@ from schemas.execution import (
     JobStarted,
     RawJobStarted,
 )
-from services.audit.bulk import _Writes
 from services.audit.rebuild import drop_database
 from services.audit.replay import (
     ReplayStats,
@@ -287,92 +283,3 @@ def test_a_bad_undecoded_resource_list_is_not_folded_and_named_where_it_is() -> 
         Record("batch", 0, r.offset, full(r.envelope)) for r in records[:i]]
     with pytest.raises(codec.DecodeError, match=re.escape(f"{span.label}@{i}: invalid resources")):
         full_records(span, records)
-
-
-def test_a_failed_write_fails_the_bulk_replay_with_its_error(
-        log: Log, databases: list[DatabaseSettings]) -> None:
-    """A lane's folded rows are written in a thread of the lane: a write that fails there
-    fails the replay with the database's error, and stores no position past it."""
-    db = databases[0]
-    engine = sa.create_engine(db.url())
-    try:
-        with engine.begin() as conn:
-            conn.exec_driver_sql("DROP TABLE attempts")
-        with pytest.raises(sa.exc.ProgrammingError, match="attempts"):
-            _replay(log, db, bulk=True)
-        stored = query(engine, "SELECT topic, kafka_partition, next_offset FROM applied_offsets "
-                               "WHERE topic LIKE '%batch%'")
-        assert stored == []  # the failed partition's position was never stored
-    finally:
-        engine.dispose()
-
-
-SPAN = Span("batch", 0, 0, 10)
-
-
-def test_writes_run_beside_the_lane_in_order_and_report_on_its_loop() -> None:
-    """A submitted write runs while the lane goes on (submit returns while it is running),
-    the next one starts after it, their stats add up into the lane's, and the progress
-    they report reaches the lane's own thread. The collector stays off until a write ends."""
-    lane_thread = threading.current_thread()
-    seen: list[tuple[bool, int]] = []
-    order: list[int] = []
-    release = threading.Event()
-
-    def first() -> ReplayStats:
-        assert release.wait(10)
-        order.append(1)
-        writes.progress(SPAN, 3)
-        return ReplayStats(events=3, transactions=1)
-
-    def second() -> ReplayStats:
-        order.append(2)
-        return ReplayStats(events=4, transactions=1)
-
-    async def main() -> None:
-        nonlocal writes
-        writes = _Writes(stats, lambda span, n: seen.append(
-            (threading.current_thread() is lane_thread, n)))
-        try:
-            await writes.submit(first)
-            assert order == [] and not gc.isenabled()  # running, the lane going on
-            release.set()
-            await writes.submit(second)
-            assert order == [1]
-            await writes.drain()
-        finally:
-            writes.close()
-
-    stats = ReplayStats()
-    writes: _Writes
-    gc.enable()
-    asyncio.run(main())
-    assert order == [1, 2]
-    assert (stats.events, stats.transactions) == (7, 2)
-    assert seen == [(True, 3)]
-    assert gc.isenabled()
-
-
-def test_a_failed_write_is_raised_at_the_next_wait_and_close_waits_for_a_running_one() -> None:
-    ended = threading.Event()
-
-    def failing() -> ReplayStats:
-        raise RuntimeError("the load failed")
-
-    def slow() -> ReplayStats:
-        time.sleep(0.3)
-        ended.set()
-        return ReplayStats()
-
-    async def main() -> None:
-        writes = _Writes(ReplayStats(), None)
-        await writes.submit(failing)
-        with pytest.raises(RuntimeError, match="the load failed"):
-            await writes.submit(slow)  # the error of the one before, and this one not run
-        await writes.submit(slow)
-        writes.close()  # as a lane that stops for an error does: the write ends first
-        assert ended.is_set()
-
-    gc.enable()
-    asyncio.run(main())
-    assert gc.isenabled()

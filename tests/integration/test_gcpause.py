@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
 
-from services.common.gcpause import (
-    SERVICE_GC_THRESHOLDS,
-    gc_paused,
-    pause,
-    resume,
-    tune_for_service,
-)
+from services.common.gcpause import SERVICE_GC_THRESHOLDS, gc_paused, tune_for_service
 
 
 @pytest.fixture(autouse=True)
@@ -77,44 +69,6 @@ def test_overlapping_pauses_of_interleaved_tasks() -> None:
 
     asyncio.run(main())
     assert seen == [("a", False), ("b", True)]
-
-
-def test_a_pause_handed_to_another_thread_ends_there() -> None:
-    """A bulk lane opens a pause for its rows and its writing thread resumes it."""
-    gc.enable()
-    pause()
-    handed = threading.Thread(target=resume)
-    with gc_paused():
-        handed.start()
-        handed.join()
-        assert not gc.isenabled()  # this thread's own pause is still open
-    assert gc.isenabled()
-
-
-def test_pauses_of_many_threads_at_once_leave_the_collector_as_it_was() -> None:
-    """Opening and closing is one step under a lock: threads switching at every few
-    instructions never leave the collector off, nor turn it on inside a pause."""
-    gc.enable()
-    inside_on: list[int] = []
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-
-    def churn() -> None:
-        for _ in range(20_000):
-            with gc_paused():
-                if gc.isenabled():
-                    inside_on.append(1)
-
-    try:
-        threads = [threading.Thread(target=churn) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
-    assert gc.isenabled()
-    assert inside_on == []
 
 
 def test_a_service_freezes_what_start_up_made_and_collects_less_often() -> None:
