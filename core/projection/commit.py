@@ -124,8 +124,14 @@ class StagedJob(NamedTuple):
 
 def stage_jobs(batch_id: int, update_id: int, jobs: Iterable[StagedJob]) -> list[Increment]:
     """The staged counts of newly projected jobs of an update (see the module docstring)."""
+    return stage_counts(batch_id, update_id, Counter(jobs))
+
+
+def stage_counts(batch_id: int, update_id: int, jobs: Mapping[StagedJob, int]
+                 ) -> list[Increment]:
+    """:func:`stage_jobs` of jobs already counted by equal value (``jobs``: how many of each)."""
     acc = Increments()
-    for j, n in Counter(jobs).items():
+    for j, n in jobs.items():
         deltas = {"n_jobs": n}
         if not j.n_parents:
             deltas |= {"n_ready": n, "ready_cores_mcpu": n * j.cores_mcpu}

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from core.projection.commit import start_of
-from core.projection.ops import Delete, InsertIgnore, Op, Row, Update, Upsert
+from core.projection.ops import Delete, InsertIgnore, Op, Row, Update, Upsert, Value
 from schemas.batch import (
     BatchCreated,
     BatchDeleted,
@@ -183,31 +183,52 @@ def fold_job_groups(event: JobGroupsSubmitted, time_ms: int,
     return ops
 
 
-def fold_jobs(event: JobHeadsSubmitted, jobs: Sequence[JobHead] | None = None) -> list[Op]:
+def fold_jobs(event: JobHeadsSubmitted, jobs: Sequence[JobHead] | None = None, *,
+              extra: Row | None = None) -> list[Op]:
     """Job rows, parent edges and attributes of ``jobs`` (default: the whole bunch).
 
     A job's name (its attribute ``name``) is a column of its row; other attributes are rows.
 
     Rows start as :func:`core.projection.commit.start_of` says and stay invisible until the
-    update is committed.
+    update is committed. ``extra``: more columns, the same in every row, after the others
+    (the rebuild's fold writes each row once, with its execution columns).
     """
     b, u = event.batch_id, event.update_id
     rows: list[Row] = []
     parents: list[Row] = []
     attrs: list[Row] = []
+    # Every row starts as a copy of one with the bunch's own values and the start of a job
+    # without parents, then takes the job's: a copy and a store per column cost about half of
+    # building each row from a literal (more again when ``extra`` was added after: a resize).
+    ready, no_pending = start_of(())
+    template: dict[str, Value] = {
+        "batch_id": b, "job_id": 0, "update_id": u, "job_group_id": 0, "state": ready,
+        "n_pending_parents": no_pending, "always_run": False, "n_max_attempts": 0,
+        "cores_mcpu": 0, "memory_bytes": None, "storage_gib": None, "machine_type": None,
+        "preemptible": None, "regions": None, "inst_coll": None, "name": None}
+    if extra:
+        template.update(extra)
+    copy = template.copy
     for j in event.jobs if jobs is None else jobs:
         r = j.resources
-        state, n_pending = start_of(j.parent_ids)
         attributes = j.attributes
-        rows.append({
-            "batch_id": b, "job_id": j.job_id, "update_id": u,
-            "job_group_id": j.job_group_id, "state": state, "n_pending_parents": n_pending,
-            "always_run": j.always_run,
-            "n_max_attempts": j.n_max_attempts, "cores_mcpu": r.cores_mcpu,
-            "memory_bytes": r.memory_bytes, "storage_gib": r.storage_gib,
-            "machine_type": r.machine_type, "preemptible": r.preemptible,
-            "regions": None if r.regions is None else json.dumps(r.regions),
-            "inst_coll": j.inst_coll, "name": attributes.get(NAME)})
+        row = copy()
+        row["job_id"] = j.job_id
+        row["job_group_id"] = j.job_group_id
+        if j.parent_ids:
+            row["state"], row["n_pending_parents"] = start_of(j.parent_ids)
+        row["always_run"] = j.always_run
+        row["n_max_attempts"] = j.n_max_attempts
+        row["cores_mcpu"] = r.cores_mcpu
+        row["memory_bytes"] = r.memory_bytes
+        row["storage_gib"] = r.storage_gib
+        row["machine_type"] = r.machine_type
+        row["preemptible"] = r.preemptible
+        if r.regions is not None:
+            row["regions"] = json.dumps(r.regions)
+        row["inst_coll"] = j.inst_coll
+        row["name"] = attributes.get(NAME)
+        rows.append(row)
         # Most jobs have no parents and no attribute but their name: no rows, no loops.
         if j.parent_ids:
             parents += [{"batch_id": b, "job_id": j.job_id, "parent_id": p}
