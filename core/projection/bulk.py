@@ -42,7 +42,13 @@ from core.billing import (
 )
 from core.completions import completion_ops
 from core.projection import billing
-from core.projection.commit import BatchBefore, StagedCounts, StagedJob, plan_commit, stage_jobs
+from core.projection.commit import (
+    BatchBefore,
+    StagedCounts,
+    StagedJob,
+    plan_commit,
+    stage_counts,
+)
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED
 from core.projection.execution import JobFacts, move
 from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
@@ -160,6 +166,10 @@ class _Fold:
         self.jobs: dict[int, dict[str, Any]] = {}
         self.children: dict[int, list[int]] = {}
         self.bunches: list[Op] = []
+        # The update's jobs counted by (job group, pool, cores, always_run, parents), and how
+        # many there are.
+        self.staged: dict[tuple[int, str, int, bool, int], int] = {}
+        self.n_staged = 0
         self.attempts: dict[tuple[int, str], _Attempt] = {}
         # (job group, pool, cores, always_run, cancelled, old, new) -> how many jobs moved so.
         self.moves: dict[tuple[int, str, int, bool, bool, JobState, JobState], int] = {}
@@ -192,17 +202,28 @@ class _Fold:
         new = [j for j in event.jobs if j.job_id not in self.jobs]
         if not new:
             return True
-        ops = fold_jobs(event, new)
+        ops = fold_jobs(event, new, extra=_JOB_DEFAULTS)
         rows = _rows_of(ops, "jobs")
         jobs = self.jobs
+        # Counted by what staging needs of a job (as stage_jobs would), in the same pass.
+        staged: dict[tuple[int, str, int, bool, int], int] = {}
+        with_parents = []
         for j, row in zip(new, rows, strict=True):
-            row.update(_JOB_DEFAULTS)
             jobs[j.job_id] = row
+            key = (j.job_group_id, j.inst_coll, row["cores_mcpu"], j.always_run,
+                   len(j.parent_ids))
+            staged[key] = staged.get(key, 0) + 1
+            if j.parent_ids:
+                with_parents.append(j)
+        if len(jobs) != self.n_staged + len(new):
+            return False  # a job twice in the bunch: not this path's history
+        self.n_staged = len(jobs)
         self.bunches += ops
-        self.ops += stage_jobs(self.b, event.update_id, [
-            StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
-                      len(j.parent_ids)) for j in new])
-        for j in new:
+        self.ops += stage_counts(self.b, event.update_id,
+                                 {StagedJob(*key): n for key, n in staged.items()})
+        for key, n in staged.items():
+            self.staged[key] = self.staged.get(key, 0) + n
+        for j in with_parents:
             if len(set(j.parent_ids)) != len(j.parent_ids):
                 return False  # one edge per parent in job_parents, but every id counted
             for p in j.parent_ids:
@@ -217,16 +238,18 @@ class _Fold:
         if self.committed:
             return True  # a duplicate request
         self.committed = True
+        # The jobs' rows are as submitted until the commit (execution before it is not this
+        # path's), so their counts are those staged with them.
         staged: dict[tuple[int, str], list[int]] = {}
-        for row in self.jobs.values():
-            counts = staged.setdefault((row["job_group_id"], row["inst_coll"]), [0, 0, 0, 0, 0])
-            counts[0] += 1
-            if not row["n_pending_parents"]:
-                counts[1] += 1
-                counts[2] += row["cores_mcpu"]
-                if row["always_run"]:
-                    counts[3] += 1
-                    counts[4] += row["cores_mcpu"]
+        for (g, ic, cores, always_run, n_parents), n in self.staged.items():
+            counts = staged.setdefault((g, ic), [0, 0, 0, 0, 0])
+            counts[0] += n
+            if not n_parents:
+                counts[1] += n
+                counts[2] += n * cores
+                if always_run:
+                    counts[3] += n
+                    counts[4] += n * cores
         if any(g != 0 for g, _ in staged):
             return False  # jobs in groups the batch does not have: not this path's history
         plan = plan_commit(

@@ -102,7 +102,8 @@ def run(b: int, j: int, state: str = "Success", *, coalesced: bool = False) -> l
 def history(b: int) -> tuple[list[AnyEvent], set[int]]:
     """The log, and the batches the bulk path must fold."""
     chain = [job(1), *(job(j, 0, [j - 1]) for j in range(2, 6)), job(6), job(7, 0, [5, 6])]
-    failing = [job(1), job(2, 0, [1]), job(3, 0, [1], always_run=True), job(4)]
+    failing = [job(1), job(2, 0, [1]), job(3, 0, [1], always_run=True),
+               job(4, always_run=True, cores=500)]
     control: list[AnyEvent] = [
         ResourceRateSet(resource="compute/n1-standard/1", rate=Decimal("0.00001")),
         ResourceRateSet(resource="memory/n1-standard/1", rate=Decimal("0.000001"))]
@@ -283,3 +284,14 @@ def test_a_bad_undecoded_resource_list_is_not_folded_and_named_where_it_is() -> 
         Record("batch", 0, r.offset, full(r.envelope)) for r in records[:i]]
     with pytest.raises(codec.DecodeError, match=re.escape(f"{span.label}@{i}: invalid resources")):
         full_records(span, records)
+
+
+def test_a_bunch_with_a_job_twice_is_left_to_the_sink() -> None:
+    """The fold counts a bunch's jobs as it stages them; a job twice in one bunch would be
+    counted twice and written once, so such a history goes to the sink."""
+    events = [e for e in submission(900, 1, [job(1), job(2)], create=True)
+              if isinstance(e, BatchEvent)]
+    bunch = next(e for e in events if isinstance(e, JobsSubmitted))
+    twice = msgspec.structs.replace(bunch, jobs=[*bunch.jobs, bunch.jobs[0]])
+    assert fold_batch([(e, T0) for e in events], token=0) is not None
+    assert fold_batch([(twice if e is bunch else e, T0) for e in events], token=0) is None
