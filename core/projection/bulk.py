@@ -50,7 +50,7 @@ from core.projection.commit import (
     stage_counts,
 )
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED
-from core.projection.execution import JobFacts, move
+from core.projection.execution import JobFacts, move_into
 from core.projection.fold import fold_batch_created, fold_jobs, fold_update_opened
 from core.projection.instances import MINUTE_MS, RATE_KINDS
 from core.projection.ops import Increment, Increments, InsertIgnore, Op, Row
@@ -456,9 +456,7 @@ class _Fold:
         user = self.created.user
         for (g, ic, cores, always_run, cancelled, old, new), times in self.moves.items():
             facts = JobFacts(self.b, 0, g, user, ic, cores, always_run, cancelled)
-            for inc in move(facts, old, new, [0], self.token):
-                acc.add(Increment(inc.table, inc.key,
-                                  {c: d * times for c, d in inc.deltas.items()}))
+            move_into(acc, facts, old, new, [0], self.token, times)
         if self.attempts:
             ops.append(InsertIgnore("attempts", self._attempt_rows()))
         jobs, texts = self.jobs, UsageTexts()
@@ -468,26 +466,27 @@ class _Fold:
                 jobs[j]["resource_usage"] = texts.text(quantities, ms)
             else:
                 jobs[j]["resource_usage"] = usage_text(_usage(job_ms))
-        bp, t = self.created.billing_project, self.token
+        # Keys as an Increment's items (drain puts them in one order), without an Increment
+        # made per row and merged.
+        bp, t, b, bump = self.created.billing_project, self.token, self.b, acc.bump
         for resource, amount in _usage(self.batch_ms).items():
-            delta = {"resource_usage": amount}
-            acc.add(Increment(billing.JOB_GROUP, {"batch_id": self.b, "job_group_id": 0,
-                                                  "resource": resource, "token": t}, delta))
-            acc.add(Increment(billing.BATCH, {"batch_id": self.b, "resource": resource,
-                                              "token": t}, delta))
-            acc.add(Increment(billing.BILLING_PROJECT, {"billing_project": bp,
-                                                        "resource": resource, "token": t}, delta))
-            acc.add(Increment(billing.USER, {"user": user, "resource": resource, "token": t},
-                              delta))
+            bump(billing.JOB_GROUP, (("batch_id", b), ("job_group_id", 0),
+                                     ("resource", resource), ("token", t)),
+                 "resource_usage", amount)
+            bump(billing.BATCH, (("batch_id", b), ("resource", resource), ("token", t)),
+                 "resource_usage", amount)
+            bump(billing.BILLING_PROJECT, (("billing_project", bp), ("resource", resource),
+                                           ("token", t)), "resource_usage", amount)
+            bump(billing.USER, (("user", user), ("resource", resource), ("token", t)),
+                 "resource_usage", amount)
         for (day, quantities), ms in self.day_ms.items():
             for resource, quantity in quantities:
-                acc.add(Increment(billing.BILLING_PROJECT_USER_DATE, {
-                    "billing_project": bp, "user": user, "usage_date": day,
-                    "resource": resource, "token": t}, {"resource_usage": quantity * ms}))
+                bump(billing.BILLING_PROJECT_USER_DATE, (
+                    ("billing_project", bp), ("user", user), ("usage_date", day),
+                    ("resource", resource), ("token", t)), "resource_usage", quantity * ms)
         for (minute, kinds), n in self.rates.items():
             for kind in kinds:
-                acc.add(Increment("event_rates", {"minute": minute, "kind": kind, "token": t},
-                                  {"n": n}))
+                bump("event_rates", (("minute", minute), ("kind", kind), ("token", t)), "n", n)
         shared: list[Op] = []
         owned: dict[str, list[Row]] = {}
         for inc in acc.drain():
