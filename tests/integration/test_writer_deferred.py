@@ -180,6 +180,40 @@ def test_literals_round_trip(engine: sa.Engine, value: str | None,
                 conn.commit()
 
 
+@pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
+@pytest.mark.parametrize("texts", [TRICKY, ["j1", "j2", "j3"], ["plain", "it's"]],
+                         ids=["tricky", "plain", "one-quote"])
+def test_varying_texts_round_trip(engine: sa.Engine, texts: list[str],
+                                  no_backslash_escapes: bool) -> None:
+    """A column of texts that differ from row to row (a bunch's job names) is rendered a
+    column at a time: each reads back as itself, with or without a character to escape,
+    whether or not the session treats backslashes as escapes."""
+    with engine.connect() as conn:
+        if no_backslash_escapes:
+            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
+                                 "',NO_BACKSLASH_ESCAPES')")
+            conn.commit()
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            writer.emit([InsertIgnore("attempts", [
+                {"batch_id": B, "job_id": j, "attempt_id": "a", "instance_name": t,
+                 "start_time_ms": j * 10**12, "reason": "same"}
+                for j, t in enumerate(texts, 1)])])
+            writer.flush()
+            got = conn.execute(sa.text(
+                "SELECT instance_name, start_time_ms, reason FROM attempts WHERE batch_id = :b "
+                "ORDER BY job_id"), {"b": B}).all()
+            assert [tuple(r) for r in got] == [(t, j * 10**12, "same")
+                                               for j, t in enumerate(texts, 1)]
+        finally:
+            trans.rollback()
+            if no_backslash_escapes:
+                conn.exec_driver_sql("SET SESSION sql_mode = "
+                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
+                conn.commit()
+
+
 @pytest.mark.parametrize("op", [
     InsertIgnore("no_such_table", [{"batch_id": B, "job_id": 1}, {"batch_id": B, "job_id": 2}]),
     Update("attempts", {"no_such_column": 1}, {"batch_id": B, "job_id": 1, "attempt_id": "a"}),
@@ -236,6 +270,39 @@ def test_values_shared_by_every_row_are_rendered_once(
             assert list(ordered) == [c for c in columns if c not in shared] + shared
         else:
             assert list(ordered) == columns
+
+
+column_values = st.one_of(
+    st.lists(st.integers(-2**63, 2**63 - 1), min_size=8, max_size=8),
+    st.lists(st.one_of(st.integers(-5, 5), st.booleans()), min_size=8, max_size=8),
+    st.lists(st.text("abz09_-", max_size=6), min_size=8, max_size=8),
+    st.lists(st.one_of(st.text(max_size=6), st.sampled_from(TRICKY)), min_size=8, max_size=8),
+    st.lists(st.one_of(st.none(), st.integers(0, 9), st.text("ab'", max_size=3)),
+             min_size=8, max_size=8))
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(column_values, min_size=1, max_size=3), st.booleans())
+def test_columns_rendered_at_once_read_as_value_by_value(
+        engine: sa.Engine, columns: list[list[object]], no_backslash_escapes: bool) -> None:
+    """A varying column of ints, bools or texts rendered a column at a time gives each row
+    exactly the literals it has rendered value by value, in either escaping mode."""
+    names = [f"c{i}" for i in range(len(columns))]
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
+    with engine.connect() as conn:
+        if no_backslash_escapes:
+            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
+                                 "',NO_BACKSLASH_ESCAPES')")
+        try:
+            literals = Literals.of(conn)
+            assert literals is not None
+            ordered, parts = literals.rows_shared(names, rows)  # type: ignore[arg-type]
+            assert list(parts) == list(literals.rows(ordered, rows))  # type: ignore[arg-type]
+        finally:
+            if no_backslash_escapes:
+                conn.exec_driver_sql("SET SESSION sql_mode = "
+                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
 
 
 @settings(max_examples=200, deadline=None,
