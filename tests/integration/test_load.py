@@ -25,6 +25,7 @@ from services.audit.load import (
 )
 from services.audit.replay import ReplayStats
 from services.common.settings import DatabaseSettings
+from tests.integration.sql_modes import escapes_mode
 
 pytestmark = pytest.mark.integration
 
@@ -60,11 +61,7 @@ def test_values_read_back_exactly(engine: sa.Engine, no_backslash_escapes: bool)
             *((t, i, i % 2 == 0, None) for i, t in enumerate(TRICKY)),
             (None, None, None, "abcd"), ("x", -(2 ** 63), True, ""),
             ("y", 2 ** 63 - 1, False, "1")])]
-    with engine.connect() as conn:
-        if no_backslash_escapes:
-            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
-                                 "',NO_BACKSLASH_ESCAPES')")
-            conn.commit()
+    with engine.connect() as conn, escapes_mode(conn, no_backslash_escapes):
         trans = conn.begin()
         try:
             assert can_load(conn)
@@ -74,10 +71,6 @@ def test_values_read_back_exactly(engine: sa.Engine, no_backslash_escapes: bool)
                  r["short"]) for r in rows]
         finally:
             trans.rollback()
-            if no_backslash_escapes:
-                conn.exec_driver_sql("SET SESSION sql_mode = "
-                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
-                conn.commit()
 
 
 @settings(max_examples=40, deadline=None,
@@ -160,21 +153,13 @@ def test_a_value_every_row_shares_reads_back_exactly(engine: sa.Engine, shared: 
     """Set by the statement, quoted by the driver, in either sql_mode: the same values."""
     rows: list[Row] = [{"id": i, "s": shared, "n": 7, "flag": True, "short": "ab"}
                        for i in range(3)]
-    with engine.connect() as conn:
-        if no_backslash_escapes:
-            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
-                                 "',NO_BACKSLASH_ESCAPES')")
-            conn.commit()
+    with engine.connect() as conn, escapes_mode(conn, no_backslash_escapes):
         trans = conn.begin()
         try:
             load(conn, TABLE, rows)
             assert _read(conn) == [(i, shared, 7, 1, "ab") for i in range(3)]
         finally:
             trans.rollback()
-            if no_backslash_escapes:
-                conn.exec_driver_sql("SET SESSION sql_mode = "
-                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
-                conn.commit()
 
 
 @given(st.lists(st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=12),

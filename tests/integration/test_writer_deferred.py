@@ -20,6 +20,7 @@ from services.projector.writer import (
     Writer,
     escape_text,
 )
+from tests.integration.sql_modes import escapes_mode
 
 pytestmark = pytest.mark.integration
 
@@ -153,11 +154,7 @@ def test_literals_round_trip(engine: sa.Engine, value: str | None,
                              no_backslash_escapes: bool) -> None:
     """What the writer inlines as literals reads back as the value itself, in inserts and in
     merged updates alike, whether or not the session treats backslashes as escapes."""
-    with engine.connect() as conn:
-        if no_backslash_escapes:
-            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
-                                 "',NO_BACKSLASH_ESCAPES')")
-            conn.commit()
+    with engine.connect() as conn, escapes_mode(conn, no_backslash_escapes):
         trans = conn.begin()
         try:
             writer = Writer(conn)
@@ -174,10 +171,6 @@ def test_literals_round_trip(engine: sa.Engine, value: str | None,
             assert [tuple(r) for r in got] == [(value, short, 1), (value, short, 2)]
         finally:
             trans.rollback()
-            if no_backslash_escapes:
-                conn.exec_driver_sql("SET SESSION sql_mode = "
-                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
-                conn.commit()
 
 
 @pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
@@ -188,11 +181,7 @@ def test_varying_texts_round_trip(engine: sa.Engine, texts: list[str],
     """A column of texts that differ from row to row (a bunch's job names) is rendered a
     column at a time: each reads back as itself, with or without a character to escape,
     whether or not the session treats backslashes as escapes."""
-    with engine.connect() as conn:
-        if no_backslash_escapes:
-            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
-                                 "',NO_BACKSLASH_ESCAPES')")
-            conn.commit()
+    with engine.connect() as conn, escapes_mode(conn, no_backslash_escapes):
         trans = conn.begin()
         try:
             writer = Writer(conn)
@@ -208,10 +197,6 @@ def test_varying_texts_round_trip(engine: sa.Engine, texts: list[str],
                                                for j, t in enumerate(texts, 1)]
         finally:
             trans.rollback()
-            if no_backslash_escapes:
-                conn.exec_driver_sql("SET SESSION sql_mode = "
-                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
-                conn.commit()
 
 
 @pytest.mark.parametrize("op", [
@@ -290,19 +275,11 @@ def test_columns_rendered_at_once_read_as_value_by_value(
     exactly the literals it has rendered value by value, in either escaping mode."""
     names = [f"c{i}" for i in range(len(columns))]
     rows = [dict(zip(names, values, strict=True)) for values in zip(*columns, strict=True)]
-    with engine.connect() as conn:
-        if no_backslash_escapes:
-            conn.exec_driver_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, "
-                                 "',NO_BACKSLASH_ESCAPES')")
-        try:
-            literals = Literals.of(conn)
-            assert literals is not None
-            ordered, parts = literals.rows_shared(names, rows)  # type: ignore[arg-type]
-            assert list(parts) == list(literals.rows(ordered, rows))  # type: ignore[arg-type]
-        finally:
-            if no_backslash_escapes:
-                conn.exec_driver_sql("SET SESSION sql_mode = "
-                                     "REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')")
+    with engine.connect() as conn, escapes_mode(conn, no_backslash_escapes):
+        literals = Literals.of(conn)
+        assert literals is not None
+        ordered, parts = literals.rows_shared(names, rows)  # type: ignore[arg-type]
+        assert list(parts) == list(literals.rows(ordered, rows))  # type: ignore[arg-type]
 
 
 @settings(max_examples=200, deadline=None,
