@@ -42,9 +42,8 @@ from core.projection.commit import (
     BatchBefore,
     Resolved,
     StagedCounts,
-    StagedJob,
     plan_commit,
-    stage_jobs,
+    stage_heads,
 )
 from core.projection.execution import Child, JobFacts, Release, release_children
 from core.projection.fold import (
@@ -364,9 +363,7 @@ class Handler:
         if not new:
             return
         self._w.emit(fold_jobs(event, new))
-        self._w.emit(stage_jobs(b, event.update_id, [
-            StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
-                      len(j.parent_ids)) for j in new]))
+        self._w.emit(stage_heads(b, event.update_id, new))
         if tally is not None:
             tally.add(j.job_id for j in new)
             self._w.flush(wait=False)

@@ -601,7 +601,18 @@ class Writer:
 
     def _statements(self, head: str, parts: Iterable[str], sep: str, tail: str) -> None:
         """``head part sep part ... tail``, split into statements of at most MAX_STATEMENT
-        characters (a part longer than that alone still makes one statement)."""
+        characters (a part longer than that alone still makes one statement).
+
+        Parts that fit in one statement (a bunch's rows do) are joined at once: the loop
+        below, a step per part, was about 7% of the projector's CPU through the 1M submit."""
+        parts = list(parts)
+        if not parts:
+            return
+        if len(head) + len(tail) + sum(map(len, parts)) + len(sep) * len(parts) \
+                <= MAX_STATEMENT:
+            self._literal_sql(head + sep.join(parts) + tail)
+            self.statements += 1
+            return
         chunk: list[str] = []
         size = len(head) + len(tail)
         for part in parts:

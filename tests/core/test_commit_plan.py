@@ -24,13 +24,15 @@ from core.projection.commit import (
     StagedJob,
     initial_states,
     plan_commit,
+    stage_heads,
     stage_jobs,
     start_of,
 )
 from core.projection.counters import CANCELLABLE, JOB_COUNTS, STAGED, USER_RESOURCES
 from core.projection.execution import Child, JobFacts
 from core.projection.ops import Increment, Increments
-from schemas.base import JobState
+from schemas.base import JobResources, JobState
+from schemas.batch import JobHead
 
 TOKEN, USER, BATCH = 3, "u", 9
 ENDED: tuple[JobState, ...] = ("Success", "Failed", "Error", "Cancelled")
@@ -153,3 +155,19 @@ def test_an_update_of_no_jobs_completes_a_batch_whose_jobs_all_ended() -> None:
     assert [(g.where["job_group_id"], g.values["state"]) for g in plan.groups] == [
         (0, "complete"), (2, "complete")]
     assert plan.increments == [] and plan.releases == []
+
+
+heads = st.lists(st.builds(
+    JobHead, job_id=st.integers(1, 10**6), job_group_id=st.integers(0, 3),
+    parent_ids=st.lists(st.integers(1, 50), max_size=3), always_run=st.booleans(),
+    resources=st.builds(JobResources, cores_mcpu=st.sampled_from([250, 1000, 16_000]),
+                        memory_bytes=st.just(1 << 30)),
+    inst_coll=st.sampled_from(["standard", "highmem"])), max_size=30)
+
+
+@given(heads)
+def test_a_bunch_is_staged_as_its_jobs_one_by_one(jobs: list[JobHead]) -> None:
+    """Counting a bunch's jobs as the log carries them stages what a StagedJob per job does."""
+    assert stage_heads(BATCH, 1, jobs) == stage_jobs(BATCH, 1, [
+        StagedJob(j.job_group_id, j.inst_coll, j.resources.cores_mcpu, j.always_run,
+                  len(j.parent_ids)) for j in jobs])

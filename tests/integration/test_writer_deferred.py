@@ -13,6 +13,7 @@ from pymysql.converters import escape_string
 
 from core.projection.ops import Delete, InsertIgnore, Op, Update, UpdateIn, Upsert
 from services.common.settings import DatabaseSettings
+from services.projector import writer as writer_module
 from services.projector.writer import (
     COLUMN_DEFAULTS,
     DEFERRED_KEYS,
@@ -169,6 +170,40 @@ def test_literals_round_trip(engine: sa.Engine, value: str | None,
                 "ORDER BY job_id"), {"b": B}).all()
             short = value and value[:40]
             assert [tuple(r) for r in got] == [(value, short, 1), (value, short, 2)]
+        finally:
+            trans.rollback()
+
+
+@pytest.mark.parametrize("limit", [1_000_000, 1_000], ids=["one-statement", "split"])
+def test_rows_past_the_statement_limit_split_into_several(
+        engine: sa.Engine, monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
+    """A multi-row insert within the limit is one statement; past it, as many statements as
+    keep each within it, every row inserted once."""
+    monkeypatch.setattr(writer_module, "MAX_STATEMENT", limit)
+    rows = [{"batch_id": B, "job_id": j, "attempt_id": f"attempt-{j:04d}",
+             "instance_name": f"instance-{j:04d}"} for j in range(1, 101)]
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            writer = Writer(conn)
+            sent: list[str] = []
+            send = writer._literal_sql
+            monkeypatch.setattr(writer, "_literal_sql", lambda sql: (sent.append(sql), send(sql)))
+            writer.emit([InsertIgnore("attempts", rows)])
+            writer.flush()
+            assert writer.statements == len(sent)
+            assert all(len(sql) <= limit for sql in sent)
+            # 100 rows of some 40 characters: one statement under the real limit, several
+            # under 1,000 characters, none of which could have taken the next one's first row
+            assert (len(sent) == 1) == (limit == 1_000_000)
+            firsts = [sql.split(" VALUES ", 1)[1].split("), (", 1)[0] for sql in sent[1:]]
+            assert all(len(a) + 2 + len(b) + 1 > limit
+                       for a, b in zip(sent[:-1], firsts, strict=True))
+            got = conn.execute(sa.text(
+                "SELECT job_id, attempt_id, instance_name FROM attempts WHERE batch_id = :b "
+                "ORDER BY job_id"), {"b": B}).all()
+            assert [tuple(r) for r in got] == [
+                (r["job_id"], r["attempt_id"], r["instance_name"]) for r in rows]
         finally:
             trans.rollback()
 
