@@ -24,6 +24,8 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from services.common.heap import keep_big_buffers
+
 _depth = 0
 _was_enabled = False
 
@@ -49,7 +51,8 @@ SERVICE_GC_THRESHOLDS = (50_000, 20, 20)
 
 
 def tune_for_service() -> None:
-    """Make the cyclic collector cheap for a service's steady state; call once, after imports.
+    """Make the cyclic collector cheap for a service's steady state, and have glibc keep its big
+    buffers (:func:`services.common.heap.keep_big_buffers`); call once, after imports.
 
     A service allocates in bursts (a fetch's records decoded, folded, written, then dropped)
     and almost everything it frees is freed by reference counting. With the default thresholds
@@ -64,3 +67,4 @@ def tune_for_service() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVICE_GC_THRESHOLDS)
+    keep_big_buffers()

@@ -1,18 +1,21 @@
 """glibc's allocator told to keep a process's big buffers instead of mapping them afresh.
 
-Ingest handles a few buffers of hundreds of KB a bunch: the request's body, the bunch's event
-encoded, the producer's record batch (several events, copied twice more as it is compressed).
-By default glibc maps a block over 128 KB on its own and unmaps it when freed, or, once its
-threshold has risen past such sizes, takes it from the top of the heap and hands the top back
-to the kernel as soon as more than twice that is free. Either way every bunch touches fresh
-pages, and a first touch is a page fault (a few microseconds each on this VM; a bunch's buffers
-are some 500 pages). Timed in ingest through the 1M submit (2026-12-01, probe 8), the
-producer's batch build took 2.5-3.0 ms of CPU a batch of about two bunches, against 0.3-0.4 ms
-for the same build outside the service; nearly all of it the copies' first touches.
+Every service handles buffers of hundreds of KB: ingest a bunch's body, its event encoded and
+the producer's record batch (several events, copied twice more as it is compressed); the
+projector and the scheduler each fetch's record batches, decompressed, and the events sliced
+from them. By default glibc maps a block over 128 KB on its own and unmaps it when freed, or,
+once its threshold has risen past such sizes, takes it from the top of the heap and hands the
+top back to the kernel as soon as more than twice that is free. Either way every bunch touches
+fresh pages, and a first touch is a page fault (a few microseconds each on this VM; a bunch's
+buffers in ingest are some 500 pages). Timed in ingest through the 1M submit (2026-12-01,
+probe 8), the producer's batch build took 2.5-3.0 ms of CPU a batch of about two bunches,
+against 0.3-0.4 ms for the same build outside the service: nearly all of it the copies' first
+touches.
 
 :func:`keep_big_buffers` takes blocks up to ``mmap_threshold`` from the heap and keeps
 ``top_pad`` of free heap at its top: the same pages serve bunch after bunch. What it costs is
-that much resident memory held after a burst.
+that much resident memory held after a burst. :func:`services.common.gcpause.tune_for_service`
+calls it in every service; docs/performance.md has the pairs that measured it.
 """
 
 from __future__ import annotations

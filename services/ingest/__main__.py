@@ -33,7 +33,6 @@ from aiohttp import web
 from core.resources import default_config
 from services.common import eventloop
 from services.common.gcpause import tune_for_service
-from services.common.heap import keep_big_buffers
 from services.common.log import Publisher
 from services.common.settings import (
     LogSettings,
@@ -94,7 +93,6 @@ async def serve(host: str, port: int) -> None:
 def main() -> None:
     loop = eventloop.service_loop("ingest")
     tune_for_service()
-    keep_big_buffers()  # a bunch's body, event and record batch: hundreds of KB each
     parser = argparse.ArgumentParser(prog="python -m services.ingest")
     parser.add_argument("--port", type=int, default=int(os.environ.get("HS_INGEST_PORT", "5000")))
     # Loopback by default (the local stack); 0.0.0.0 in a container or pod.
