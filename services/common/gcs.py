@@ -25,13 +25,12 @@ Every call blocks (callers use ``asyncio.to_thread``). Errors of the client libr
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
 import re
 import tempfile
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -42,7 +41,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from services.common.specstore import _SUFFIX, BunchedSpecs, encode_bunch
+from services.common.specstore import _SUFFIX, BunchedSpecs
 from services.worker.logstore import valid_name
 
 log = logging.getLogger(__name__)
@@ -107,17 +106,11 @@ class GcsSpecStore(BunchedSpecs):
         """The object of the bunch that starts at ``first_job_id``."""
         return f"{self.directory(batch_id)}{int(first_job_id)}{_SUFFIX}"
 
-    def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
-        if not specs:
-            return
-        job_ids = [int(j) for j, _ in specs]
-        if any(a >= b for a, b in itertools.pairwise(job_ids)):
-            raise ValueError(f"the job ids of a bunch must increase: {job_ids[:10]}...")
-        data = encode_bunch(job_ids, [s for _, s in specs])
-        blob = self.bucket.blob(self.object_name(batch_id, job_ids[0]))
+    def _store(self, batch_id: int, first_job_id: int, data: bytes) -> None:
+        blob = self.bucket.blob(self.object_name(batch_id, first_job_id))
         _call("write", lambda: blob.upload_from_string(
             data, content_type="application/octet-stream", retry=_RETRY, timeout=_TIMEOUT_S))
-        self._written(batch_id, job_ids[0])
+        self._written(batch_id, first_job_id)
 
     def _list_ids(self, batch_id: int) -> list[int]:
         directory = self.directory(batch_id)

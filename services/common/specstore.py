@@ -46,6 +46,11 @@ class SpecStore(Protocol):
         """
         ...
 
+    def write_run(self, batch_id: int, first_job_id: int, specs: Sequence[str]) -> None:
+        """:meth:`write_bunch` of the job ids ``first_job_id``, ``first_job_id + 1``, ...: a
+        bunch as ingest has it, without a pair made and checked per job."""
+        ...
+
     def read(self, batch_id: int, job_id: int) -> str | None:
         """The spec JSON text of the job, or None when the store has none."""
         ...
@@ -116,6 +121,26 @@ class BunchedSpecs:
         self._lock = threading.Lock()
         self._listings: OrderedDict[int, list[int]] = OrderedDict()
         self._bunches: OrderedDict[tuple[int, int], _Bunch] = OrderedDict()
+
+    def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
+        if not specs:
+            return
+        job_ids = [int(j) for j, _ in specs]
+        if any(a >= b for a, b in itertools.pairwise(job_ids)):
+            raise ValueError(f"the job ids of a bunch must increase: {job_ids[:10]}...")
+        self._store(batch_id, job_ids[0], encode_bunch(job_ids, [s for _, s in specs]))
+
+    def write_run(self, batch_id: int, first_job_id: int, specs: Sequence[str]) -> None:
+        # The pairs and their check cost 0.15 ms a bunch of 1,024, this 0.03 (timeit).
+        if not specs:
+            return
+        first = int(first_job_id)
+        self._store(batch_id, first, encode_bunch(list(range(first, first + len(specs))),
+                                                  list(specs)))
+
+    def _store(self, batch_id: int, first_job_id: int, data: bytes) -> None:
+        """Store one bunch's bytes, whole or not at all, then :meth:`_written` (I/O)."""
+        raise NotImplementedError
 
     def _list_ids(self, batch_id: int) -> list[int]:
         """The first job ids of the batch's stored bunches, in any order (I/O)."""
@@ -238,13 +263,7 @@ class LocalSpecStore(BunchedSpecs):
         """The file of the bunch that starts at ``first_job_id``."""
         return self.directory(batch_id) / f"{int(first_job_id)}{_SUFFIX}"
 
-    def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
-        if not specs:
-            return
-        job_ids = [int(j) for j, _ in specs]
-        if any(a >= b for a, b in itertools.pairwise(job_ids)):
-            raise ValueError(f"the job ids of a bunch must increase: {job_ids[:10]}...")
-        data = encode_bunch(job_ids, [s for _, s in specs])
+    def _store(self, batch_id: int, first_job_id: int, data: bytes) -> None:
         directory = self.directory(batch_id)
         try:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=".", suffix=".tmp")
@@ -261,7 +280,7 @@ class LocalSpecStore(BunchedSpecs):
                 if self._fsync:
                     f.flush()
                     os.fsync(f.fileno())
-            os.replace(tmp, self.path(batch_id, job_ids[0]))
+            os.replace(tmp, self.path(batch_id, first_job_id))
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -270,7 +289,7 @@ class LocalSpecStore(BunchedSpecs):
             # The new name is an entry of the directory: until the directory is on disk, a
             # crash of the machine could lose it, and the bunch's event is published next.
             fsync_directory(directory)
-        self._written(batch_id, job_ids[0])
+        self._written(batch_id, first_job_id)
 
     def _list_ids(self, batch_id: int) -> list[int]:
         try:

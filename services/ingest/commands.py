@@ -114,7 +114,8 @@ class Commands:
         if self.specs is None or not records:
             return
         try:
-            self.specs.write_bunch(batch_id, [(r.job_id, r.spec) for r in records])
+            # The records' ids are contiguous (core.job_specs checks).
+            self.specs.write_run(batch_id, records[0].job_id, [r.spec for r in records])
         except OSError as e:
             log.exception("storing the specs of batch %d failed", batch_id)
             raise Unavailable(f"could not store the job specs: {type(e).__name__}: {e}; "

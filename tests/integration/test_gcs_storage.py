@@ -91,6 +91,11 @@ def test_specs_round_trip_in_bunches_like_the_local_store(settings: StorageSetti
     local.write_bunch(7, [(1, spec(1)), (2, spec(2)), (5, spec(5))])
     assert bucket.blob(f"{prefix}/specs/7/1.specs").download_as_bytes() == \
         local.path(7, 1).read_bytes()
+    store.write_run(7, 20, [spec(20), spec(21)])  # ingest's way: contiguous ids
+    local.write_run(7, 20, [spec(20), spec(21)])
+    assert bucket.blob(f"{prefix}/specs/7/20.specs").download_as_bytes() == \
+        local.path(7, 20).read_bytes()
+    assert [store.read(7, j) for j in (20, 21, 22)] == [spec(20), spec(21), None]
 
     # Another process (a worker) sees a bunch written after it cached the batch's listing.
     other = open_spec_store(tmp_path / "unused", settings)

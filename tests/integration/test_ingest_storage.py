@@ -183,7 +183,7 @@ class RecordingPublisher(Publisher):
 
 
 class BrokenSpecStore(LocalSpecStore):
-    def write_bunch(self, batch_id: int, specs: Sequence[tuple[int, str]]) -> None:
+    def _store(self, batch_id: int, first_job_id: int, data: bytes) -> None:
         raise OSError(28, "No space left on device")
 
 

@@ -35,6 +35,18 @@ def test_a_bunch_round_trips(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "3").iterdir()) == ["1.specs"]
 
 
+def test_a_run_is_stored_as_the_same_bunch(tmp_path: Path) -> None:
+    runs = LocalSpecStore(tmp_path / "runs")
+    runs.write_run(3, 11, [s for _, s in bunch(11, 5)])
+    runs.write_run(3, 16, [])  # nothing to store
+    assert [runs.read(3, j) for j in range(10, 17)] == [None, *(spec(j) for j in range(11, 16)),
+                                                         None]
+    pairs = LocalSpecStore(tmp_path / "pairs")
+    pairs.write_bunch(3, bunch(11, 5))
+    assert runs.path(3, 11).read_bytes() == pairs.path(3, 11).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "runs" / "3").iterdir()) == ["11.specs"]
+
+
 def test_a_bunch_is_stored_compressed(tmp_path: Path) -> None:
     specs = bunch(1, 1_024)
     LocalSpecStore(tmp_path).write_bunch(3, specs)
