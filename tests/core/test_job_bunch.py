@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from core.errors import BadRequest
 from core.job_bunch import _SPECS, _typed, job_records_json
-from core.job_specs import job_records
+from core.job_specs import _resolved, job_records, records_of
 from core.resources import default_config
 from schemas.batch import JobRecord
 
@@ -184,3 +184,53 @@ def test_the_decoded_spec_structs_are_not_tracked_by_the_cyclic_collector() -> N
     (s,) = specs
     assert s.env is not None and s.input_files is not None
     assert not any(gc.is_tracked(x) for x in (s, s.process, s.env[0], s.input_files[0]))
+
+
+ALIKE: dict[str, st.SearchStrategy[Any]] = {
+    "always_run": st.booleans(), "n_max_attempts": st.integers(1, 5),
+    "attributes": st.dictionaries(st.sampled_from(["name", "k"]), st.text(max_size=3)),
+    "absolute_parent_ids": st.just([]), "in_update_parent_ids": st.just([]),
+    "env": st.lists(st.fixed_dictionaries({"name": st.just("A"), "value": st.text(max_size=2)}),
+                    max_size=1)}
+ALIKE_GROUPS = st.sampled_from([{}, {"in_update_job_group_id": 1},
+                                {"in_update_job_group_id": 2}, {"in_update_job_group_id": 5},
+                                {"absolute_job_group_id": 0}, {"absolute_job_group_id": 4},
+                                {"absolute_job_group_id": 9}])
+
+
+@st.composite
+def alike_bunch(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """Specs that all join one group (perhaps one that does not exist) with no parents,
+    resources or regions; sometimes one of them then differs in one of those."""
+    group = draw(ALIKE_GROUPS)
+    out = []
+    for i in range(draw(st.integers(1, 4))):
+        s: dict[str, Any] = {"job_id": i + 1, **group, "process": {
+            "type": "docker", "image": "u", "command": ["true"]}}
+        for key in draw(st.lists(st.sampled_from(sorted(ALIKE)), max_size=4, unique=True)):
+            s[key] = draw(ALIKE[key])
+        out.append(s)
+    if draw(st.booleans()):
+        target = out[draw(st.integers(0, len(out) - 1))]
+        target.pop("in_update_job_group_id", None)
+        target.pop("absolute_job_group_id", None)
+        target.update(draw(st.one_of(
+            ALIKE_GROUPS, st.just({"absolute_parent_ids": [1]}),
+            st.just({"in_update_parent_ids": [1]}), st.just({"regions": ["us-central1"]}),
+            st.just({"resources": {"cpu": "0.5"}}), st.just({"resources": {"cpu": "lots"}}))))
+    return out
+
+
+def job_by_job(specs: Any, texts: list[str]) -> list[JobRecord]:
+    return _resolved(specs, texts, **{k: v for k, v in KW.items() if k != "n_jobs"})
+
+
+@settings(max_examples=600)
+@given(st.one_of(alike_bunch(), valid_bunch()))
+def test_a_bunch_of_alike_jobs_gives_what_resolving_each_job_gives(
+        objs: list[dict[str, Any]]) -> None:
+    typed = _typed(msgspec.json.encode(objs))
+    assert typed is not None
+    specs, texts = typed
+    assert outcome(lambda _, **kw: records_of(specs, texts, **kw), None) == \
+        outcome(lambda _, **kw: job_by_job(specs, texts), None)
