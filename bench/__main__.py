@@ -117,6 +117,7 @@ def main() -> None:
     marker = f"HS_BENCH_RUN={run_id}".encode()
     sampler = machine.Sampler()
     sampler.start()
+    booted = machine.uptime_s()
     if "log" in scenarios:
         settings = load_settings().log
         with ExitStack() as stack:
@@ -156,6 +157,8 @@ def main() -> None:
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
     speed: dict[str, float | int | str] = {**sampler.stop(), "python": machine.interpreter()}
+    if booted is not None:
+        speed["uptime_s_at_start"] = round(booted)
     for name, figures in [*results.items(), ("machine", speed)]:
         table = Table(title=name)
         table.add_column("figure")

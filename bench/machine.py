@@ -144,6 +144,21 @@ def _percentiles(samples: list[float], name: str) -> dict[str, float]:
             f"{name}_p10": at(0.1), f"{name}_p90": at(0.9)}
 
 
+FRESH_BOOT_S = 15 * 60
+"""How long after boot a run measures the boot, not the code (docs/performance.md, "This VM's
+speed": the official client alone at half its later speed in each machine's first quarter hour,
+and only part of that the host backing memory the guest touches for the first time)."""
+
+
+def uptime_s(path: str = "/proc/uptime") -> float | None:
+    """Seconds since the machine booted (None where the kernel does not say)."""
+    try:
+        with open(path, encoding="ascii") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def interpreter() -> str:
     """The Python that runs the probe (and the bench and its stack): version and binary."""
     return f"{platform.python_version()} {os.path.realpath(sys.executable)}"

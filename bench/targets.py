@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bench.machine import FRESH_BOOT_S
+
 
 @dataclass(frozen=True)
 class Assessment:
@@ -212,4 +214,13 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             f"10th-90th percentile {_get(results, 'machine', 'memory_msteps_p10')}-"
             f"{_get(results, 'machine', 'memory_msteps_p90')}: what the VM's neighbours leave "
             "of the shared cache and memory, which the probe above does not see"))
+    booted = _get(results, "machine", "uptime_s_at_start")
+    if booted is not None:
+        fresh = booted < FRESH_BOOT_S
+        out.append(Assessment(
+            "machine up at the start of the run (min)", f"{booted / 60:.1f}", DIAGNOSTIC, None,
+            ("FRESH BOOT: in a machine's first quarter hour the official client ran at half "
+             "its later speed (docs/performance.md, \"This VM's speed\"); the figures above "
+             "measure the boot as well as the code" if fresh else
+             "past the first quarter hour after boot, which runs slower")))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,12 +14,14 @@ from hypothesis import strategies as st
 from bench.execution import _main_start, _spans
 from bench.ingest_throughput import paired_ratio
 from bench.machine import (
+    FRESH_BOOT_S,
     Sampler,
     interpreter,
     memory_chain,
     memory_msteps,
     python_mops,
     summary,
+    uptime_s,
 )
 from bench.targets import DIAGNOSTIC, assess
 
@@ -169,6 +172,27 @@ def test_the_memory_probe_is_a_diagnostic_row_of_its_own() -> None:
     row = got["memory latency (16 MiB read chain, M steps/s)"]
     assert (row.measured, row.target, row.met) == ("4.0", DIAGNOSTIC, None)
     assert "2.0-4.5" in row.note
+
+
+def test_a_run_started_in_the_first_quarter_hour_after_boot_is_flagged() -> None:
+    row_of = {a.figure: a for a in assess({"machine": {"uptime_s_at_start": 240}})}
+    fresh = row_of["machine up at the start of the run (min)"]
+    assert (fresh.measured, fresh.target, fresh.met) == ("4.0", DIAGNOSTIC, None)
+    assert fresh.note.startswith("FRESH BOOT")
+    row_of = {a.figure: a for a in assess({"machine": {"uptime_s_at_start": FRESH_BOOT_S}})}
+    settled = row_of["machine up at the start of the run (min)"]
+    assert settled.measured == "15.0" and "FRESH BOOT" not in settled.note
+    assert "machine up at the start of the run (min)" not in by_figure({"machine": {}})
+
+
+def test_uptime_is_read_from_the_kernel(tmp_path: Path) -> None:
+    up = uptime_s()
+    assert up is not None and up > 0
+    (tmp_path / "uptime").write_text("1234.56 789.01\n")
+    assert uptime_s(str(tmp_path / "uptime")) == 1234.56
+    (tmp_path / "garbled").write_text("")
+    assert uptime_s(str(tmp_path / "garbled")) is None
+    assert uptime_s(str(tmp_path / "missing")) is None
 
 
 def test_the_sampler_samples_until_stopped() -> None:
