@@ -6,6 +6,8 @@ read-your-writes waits (see ``services.projector.app.BATCH_WITHIN_ENV``).
 ``HS_PROJECTOR_EXECUTION_LINGER_MS`` (default 40) is how much longer a batch of execution
 reports alone (SJ, MJS, MJC, heartbeats: nobody waits to read them) waits before it is applied
 (see ``services.projector.app.EXECUTION_LINGER_ENV``).
+``HS_PROJECTOR_STREAM_BUFFER`` (default 128) is how many records it reads ahead of what it
+applies, per partition (see ``services.projector.app.STREAM_BUFFER``).
 ``HS_PROJECTOR_NICE`` (default 0) lowers the process's CPU priority by that much (0-19): on a
 machine the projector shares with the request path, it then yields to ingest and catches up
 after (the one-machine stack sets it; see ``services.stack.config.LOCAL_PROJECTOR_NICE``).
@@ -25,7 +27,12 @@ from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.metrics import metrics_host, metrics_port
 from services.common.settings import load_settings, projector_nice
-from services.projector.app import batch_within_s, create_app, execution_linger_s
+from services.projector.app import (
+    batch_within_s,
+    create_app,
+    execution_linger_s,
+    stream_buffer,
+)
 
 
 def main() -> None:
@@ -35,6 +42,7 @@ def main() -> None:
     try:
         within_s = batch_within_s(os.environ)
         linger_s = execution_linger_s(os.environ)
+        buffered = stream_buffer(os.environ)
         nice = projector_nice(os.environ)
     except ValueError as e:
         sys.exit(f"projector: {e}")
@@ -45,7 +53,7 @@ def main() -> None:
                               pool_pre_ping=True)
     app = create_app(settings, engine, metrics_port=metrics_port("projector"),
                      metrics_host=metrics_host(), within_s=within_s,
-                     linger_s=linger_s)
+                     linger_s=linger_s, stream_buffer=buffered)
     worker = faust.Worker(app, loglevel=logging.INFO, quiet=True, loop=loop)
     try:
         worker.execute_from_commandline()

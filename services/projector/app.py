@@ -76,6 +76,18 @@ memory and nearly 5 s before the applied offsets moved, which paced ingest's ans
 16 MiB is about 40 bunches of the official client's 1,024 no-op jobs; execution events are a
 few hundred bytes, so their batches (at most :data:`BATCH_SIZE` events) are never split."""
 
+STREAM_BUFFER = 128
+STREAM_BUFFER_ENV = "HS_PROJECTOR_STREAM_BUFFER"
+"""Records read from the log ahead of the agent, at most, per partition (faust's
+``stream_buffer_maxsize``, 4,096 by default; fetching a partition pauses once its buffer is
+about 80% full and resumes at 40%). A projector that falls behind a big submission holds
+that many job bunches decompressed, some 390 KB each for the official client's 1,024 no-op
+jobs: at faust's default it grew from 89 to 409 MB through the 1M submit, each new page a
+fault (110,000-126,000 a run, a few microseconds each on this VM at a fast hour, 13-23 at a
+slow one). At 128 (50 MB of bunches) execution batches still fill as before: the agent
+takes a few hundred reports a transaction at 1,900 jobs/s. Measured pairs are in
+docs/performance.md. ``HS_PROJECTOR_STREAM_BUFFER`` overrides it."""
+
 STOP_GRACE_S = 20.0
 """How long a projector that hit a record it cannot apply waits for faust's orderly shutdown
 before it exits anyway. The shutdown talks to the broker (a final commit, leaving the group)
@@ -141,6 +153,22 @@ def execution_linger_s(env: Mapping[str, str]) -> float:
     return _milliseconds(env, EXECUTION_LINGER_ENV, EXECUTION_LINGER_S)
 
 
+def stream_buffer(env: Mapping[str, str]) -> int:
+    """The read-ahead :data:`STREAM_BUFFER_ENV` asks for (default :data:`STREAM_BUFFER`);
+    ValueError, saying why, for a value that is not a whole number from 8 to 65,536."""
+    raw = env.get(STREAM_BUFFER_ENV)
+    if raw is None or raw == "":
+        return STREAM_BUFFER
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{STREAM_BUFFER_ENV} must be a whole number of records, "
+                         f"not {raw!r}") from None
+    if not 8 <= n <= 65_536:
+        raise ValueError(f"{STREAM_BUFFER_ENV} must be between 8 and 65536 records, not {n}")
+    return n
+
+
 def transactions(events: Sequence[Any], max_bytes: int = MAX_TRANSACTION_BYTES
                  ) -> Iterator[Sequence[Any]]:
     """``events`` (faust events of raw records) in order, cut into runs of at most
@@ -192,11 +220,13 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
 def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_CONSUMER,
                metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
                within_s: float = BATCH_WITHIN_S,
-               linger_s: float = EXECUTION_LINGER_S) -> faust.App:
+               linger_s: float = EXECUTION_LINGER_S,
+               stream_buffer: int = STREAM_BUFFER) -> faust.App:
     """The projector app. ``name`` is its group id and the owner of its stored offsets.
     With ``metrics_port``, it serves ``/metrics`` there and refreshes its consumer lag.
     ``within_s``: how long a batch of events waits to fill before it is applied; ``linger_s``:
-    how much longer a batch of execution reports alone waits (see :func:`lingers`)."""
+    how much longer a batch of execution reports alone waits (see :func:`lingers`);
+    ``stream_buffer``: how many records read ahead it holds (see :data:`STREAM_BUFFER`)."""
     s = settings.log
     faust_dirs = os.path.join(os.path.abspath(settings.data_dir), "faust")
     os.makedirs(faust_dirs, exist_ok=True)  # faust makes its own directory, not the parents
@@ -217,6 +247,7 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
         broker_heartbeat_interval=s.heartbeat_interval_ms / 1000,
         producer_acks=-1,
         stream_wait_empty=False,
+        stream_buffer_maxsize=stream_buffer,
     )
     use_transport(app, s.fetch_max_wait_ms)
     sink = Sink(engine, consumer=f"{s.topic_prefix}{name}")

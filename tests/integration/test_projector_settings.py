@@ -1,12 +1,14 @@
-"""The projector's batch wait and execution linger: milliseconds from the environment, refused
+"""The projector's batch wait, execution linger and read-ahead: from the environment, refused
 when out of range; which batches linger."""
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import sqlalchemy as sa
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,15 +25,20 @@ from schemas.execution import (
     JobStarted,
 )
 from services.common.log import Record
+from services.common.settings import Settings
 from services.projector.app import (
     BATCH_SIZE,
     BATCH_WITHIN_ENV,
     BATCH_WITHIN_S,
     EXECUTION_LINGER_ENV,
     EXECUTION_LINGER_S,
+    STREAM_BUFFER,
+    STREAM_BUFFER_ENV,
     batch_within_s,
+    create_app,
     execution_linger_s,
     lingers,
+    stream_buffer,
     transactions,
 )
 
@@ -58,6 +65,33 @@ def test_the_execution_linger_default_an_override_and_a_bad_value() -> None:
     assert execution_linger_s({EXECUTION_LINGER_ENV: "120"}) == 0.12
     with pytest.raises(ValueError, match=f"{EXECUTION_LINGER_ENV} must be between"):
         execution_linger_s({EXECUTION_LINGER_ENV: "9000"})
+
+
+def test_the_read_ahead_default_an_override_and_bad_values() -> None:
+    assert stream_buffer({}) == STREAM_BUFFER
+    assert stream_buffer({STREAM_BUFFER_ENV: ""}) == STREAM_BUFFER
+    assert stream_buffer({STREAM_BUFFER_ENV: "64"}) == 64
+    for raw, why in [("ten", "whole number of records"), ("1.5", "whole number of records"),
+                     ("7", "between 8 and 65536"), ("70000", "between 8 and 65536")]:
+        with pytest.raises(ValueError, match=why) as e:
+            stream_buffer({STREAM_BUFFER_ENV: raw})
+        assert STREAM_BUFFER_ENV in str(e.value)
+
+
+@pytest.mark.parametrize("given", [None, 32])
+def test_the_app_reads_ahead_at_most_its_buffer(tmp_path: Path,
+                                                given: int | None) -> None:
+    """faust pauses fetching a partition once that many records wait for the agent: far
+    fewer than its default, so a projector behind a big submission does not hold thousands of
+    decompressed job bunches."""
+    engine = sa.create_engine("sqlite://")
+    try:
+        app = create_app(Settings(data_dir=str(tmp_path)), engine,
+                         **({} if given is None else {"stream_buffer": given}))
+        assert app.conf.stream_buffer_maxsize == (STREAM_BUFFER if given is None else given)
+        assert app.conf.stream_buffer_maxsize < 4096
+    finally:
+        engine.dispose()
 
 
 def _records(events: list[AnyEvent]) -> list[Record]:
