@@ -14,6 +14,7 @@ from core.scheduler_state import (
     PENDING,
     READY,
     RUNNING,
+    HeldBunch,
     SchedulerState,
     evolve,
     fold,
@@ -440,6 +441,56 @@ def test_a_stale_epoch_bunch_is_ignored() -> None:
     state.apply(at_epoch(JobsScheduled.of(1, [sj(1, 2), sj(1, 3)]), 2))
     assert where(state) == {(1, 1): "Ready", (1, 2): "Running", (1, 3): "Running"}
     check_invariants(state)
+
+
+_REGIONS = st.one_of(st.none(), st.lists(st.sampled_from(["us-east1", "us-west1", "eu"]),
+                                         min_size=1, max_size=3, unique=True))
+
+
+@given(st.data())
+def test_held_bunches_make_the_jobs_their_heads_describe(data: st.DataObject) -> None:
+    """Held as columns, resent or not, a bunch's jobs come out at the commit with every field
+    of their heads, and only its last copy counts."""
+    n = data.draw(st.integers(1, 12))
+    records = [jr(j, data.draw(st.lists(st.integers(1, j - 1), max_size=2, unique=True))
+                  if j > 1 else (),
+                  cores=data.draw(st.sampled_from([250, 1000, 4000])),
+                  ic=data.draw(st.sampled_from(["standard", "highmem"])),
+                  regions=data.draw(_REGIONS), always_run=data.draw(st.booleans()),
+                  n_max=data.draw(st.integers(1, 30)), group=0)
+               for j in range(1, n + 1)]
+    if data.draw(st.booleans(), label="runs"):  # as ingest sends them: runs of ids
+        cut = data.draw(st.integers(0, n))
+        bunches = [b for b in (records[:cut], records[cut:]) if b]
+        # A retry of the whole bunch, or of its tail: a run that overlaps another.
+        resent = [b[data.draw(st.integers(0, len(b) - 1)):]
+                  for b in data.draw(st.lists(st.sampled_from(bunches), max_size=2))]
+    else:  # any order, and a retry of part of a bunch: the same jobs by id
+        shuffled = data.draw(st.permutations(records))
+        cut = data.draw(st.integers(0, n))
+        bunches = [b for b in (shuffled[:cut], shuffled[cut:]) if b]
+        resent = [b[:data.draw(st.integers(1, len(b)))]
+                  for b in data.draw(st.lists(st.sampled_from(bunches), max_size=2))]
+    state = fold([*BASE, *(submitted(1, 1, *b) for b in [*bunches, *resent])])
+    held = state.batches[1].held[1]
+    assert all(isinstance(b, HeldBunch) for b in held)
+    assert len(held) == len(bunches) + len(resent)
+    state.apply(committed(1, 1))
+    jobs = state.batches[1].jobs
+    assert sorted(jobs) == list(range(1, n + 1))
+    for r in records:
+        job = jobs[r.job_id]
+        want_regions = None if r.resources.regions is None else tuple(sorted(
+            r.resources.regions))
+        assert (job.group, job.cores_mcpu, job.inst_coll, job.regions, job.always_run,
+                job.n_max_attempts) == (r.job_group_id, r.resources.cores_mcpu, r.inst_coll,
+                                        want_regions, r.always_run, r.n_max_attempts)
+        assert job.n_pending == len(r.parent_ids)  # no parent has ended
+        assert job.state == (READY if not r.parent_ids else PENDING)
+    children = {p: sorted(r.job_id for r in records if p in r.parent_ids)
+                for r in records for p in r.parent_ids}
+    assert state.batches[1].children == children
+    assert not state.batches[1].held
 
 
 def test_commit_of_a_missing_parent_is_refused() -> None:
