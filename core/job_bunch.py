@@ -25,11 +25,14 @@ from schemas.batch import JobRecord
 
 
 # gc=False: these structs are trees of values decoded from a body (no cycles), so the cyclic
-# collector need not track the thousands a bunch makes (see schemas/base.py).
+# collector need not track the thousands a bunch makes (see schemas/base.py). Arrays decode as
+# tuples: an empty one is CPython's shared empty tuple (the client sends two empty parent lists
+# a job) and any other is one object where a list is two, so a bunch of 1,024 makes and frees
+# some 3,000 fewer objects (job_records_json 0.87 -> 0.78 ms a bunch, timeit at probe 14).
 class _Docker(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     type: Literal["docker"]
     image: str
-    command: list[str]
+    command: tuple[str, ...]
     mount_docker_socket: bool | None = None
 
 
@@ -57,17 +60,17 @@ class _Spec(msgspec.Struct, forbid_unknown_fields=True, gc=False,
     always_run: bool = False
     always_copy_output: bool | None = None
     n_max_attempts: Annotated[int, msgspec.Meta(ge=1)] = DEFAULT_N_MAX_ATTEMPTS
-    absolute_parent_ids: list[int] | None = None
-    in_update_parent_ids: list[int] | None = None
-    parent_ids: list[int] | None = None
+    absolute_parent_ids: tuple[int, ...] | None = None
+    in_update_parent_ids: tuple[int, ...] | None = None
+    parent_ids: tuple[int, ...] | None = None
     absolute_job_group_id: int | None = None
     in_update_job_group_id: int | None = None
     attributes: dict[str, str] = {}
     resources: dict[str, Any] | None = None
     regions: list[str] | None = None
-    env: list[_EnvVar] | None = None
-    input_files: list[_File] | None = None
-    output_files: list[_File] | None = None
+    env: tuple[_EnvVar, ...] | None = None
+    input_files: tuple[_File, ...] | None = None
+    output_files: tuple[_File, ...] | None = None
 
     @property
     def jvm(self) -> bool:
