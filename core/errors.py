@@ -7,6 +7,7 @@ infrastructure (broker, database) are not domain errors and never subclass :clas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import ClassVar
 
 
@@ -52,3 +53,33 @@ class Unavailable(DomainError):
     """The service refuses the request for now (frozen by an operator): HTTP 503."""
 
     status: ClassVar[int] = 503
+
+
+
+LISTED = 10
+"""How many values an error message lists before it only counts the rest."""
+
+
+def listed(values: Sequence[int], limit: int = LISTED) -> str:
+    """``values`` for an error message, as a list (``[0, 5]``).
+
+    Past ``limit``, the first ``limit`` and an ellipsis: a bunch can hold 1,024 bad ids, and a
+    message of 1,024 numbers hides what it says. :func:`counted` says how many there were.
+    """
+    if len(values) <= limit:
+        return str(list(values))
+    return f"[{', '.join(map(str, values[:limit]))}, ...]"
+
+
+def counted(values: Sequence[int], limit: int = LISTED) -> str:
+    """`` (N in all)`` where :func:`listed` left values out, else nothing."""
+    return f" ({len(values)} in all)" if len(values) > limit else ""
+
+
+def reserved(noun: str, n: int) -> str:
+    """What ids an update reserved, for an out-of-range message."""
+    if n <= 0:
+        return f"the update reserved no {noun}s"
+    if n == 1:
+        return f"the update reserved 1 {noun} (id 1)"
+    return f"the update reserved {n} {noun}s (ids 1 to {n})"

@@ -19,7 +19,7 @@ from typing import Any, Final, NamedTuple, Protocol
 
 import msgspec
 
-from core.errors import BadRequest
+from core.errors import BadRequest, counted, listed, reserved
 from core.resources import InstCollConfig, normalize_resources, parse_cpu_mcpu
 from core.specs import (
     ROOT_JOB_GROUP_ID,
@@ -395,7 +395,8 @@ def records_of(
                     and ids == list(range(ids[0], ids[0] + len(ids)))):
         out_of_range = [i for i in ids if not 1 <= i <= n_jobs]
         if out_of_range:
-            raise BadRequest(f"job ids {out_of_range} are out of range")
+            raise BadRequest(f"job ids {listed(out_of_range)} are out of range"
+                             f"{counted(out_of_range)}: {reserved('job', n_jobs)}")
         for before, after in itertools.pairwise(ids):
             if after != before + 1:
                 raise BadRequest(
@@ -504,8 +505,8 @@ def _parents(v: CheckedSpec, job_id: int, start_job_id: int) -> list[int]:
     bad += [p for p in in_update if not 1 <= p < in_update_id]
     if bad:
         raise BadRequest(
-            f"parent job ids {bad} are out of range: a parent of job {job_id} must be an earlier "
-            f"job of the batch"
+            f"parent job ids {listed(bad)} are out of range{counted(bad)}: a parent of job "
+            f"{job_id} must be an earlier job of the batch"
         )
     parents = absolute + [resolve_in_update_id(p, start_job_id) for p in in_update]
     if len(parents) > 1 and len(set(parents)) != len(parents):

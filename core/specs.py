@@ -20,7 +20,7 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from core.errors import BadRequest
+from core.errors import BadRequest, counted, listed, reserved
 from schemas.batch import JobGroupRecord
 
 MAX_BUNCH_SIZE: Final = 1024
@@ -302,7 +302,9 @@ def job_group_records(
              for i, obj in enumerate(expect_bunch("job_groups", objs))]
     out_of_range = [s.in_update_id for s in specs if not 1 <= s.in_update_id <= n_job_groups]
     if out_of_range:
-        raise BadRequest(f"job group ids {out_of_range} are out of range")
+        raise BadRequest(f"job group ids {listed(out_of_range)} are out of range"
+                         f"{counted(out_of_range)}: "
+                         f"{reserved('job group', n_job_groups)}")
     for before, after in itertools.pairwise(specs):
         if after.in_update_id != before.in_update_id + 1:
             raise BadRequest(

@@ -237,9 +237,10 @@ def group(gid: int, **parent: int) -> dict[str, Any]:
         ({}, 1, 1, {0: 0}, "job_groups is not a list"),
         ([group(1, in_update_parent_id=0)] * (MAX_BUNCH_SIZE + 1), 1, 2000, {0: 0},
          "job_groups has 1025 specs; a bunch holds at most 1024"),
-        ([group(0, in_update_parent_id=0)], 1, 1, {0: 0}, "job group ids [0] are out of range"),
+        ([group(0, in_update_parent_id=0)], 1, 1, {0: 0},
+         "job group ids [0] are out of range: the update reserved 1 job group (id 1)"),
         ([group(1, absolute_parent_id=0), group(3, absolute_parent_id=0)], 1, 2, {0: 0},
-         "job group ids [3] are out of range"),
+         "job group ids [3] are out of range: the update reserved 2 job groups (ids 1 to 2)"),
         ([group(1, absolute_parent_id=0), group(3, absolute_parent_id=0)], 1, 3, {0: 0},
          "noncontiguous job group ids found in the spec: 1 -> 3"),
         ([group(1, absolute_parent_id=0), group(1, absolute_parent_id=0)], 1, 3, {0: 0},
@@ -362,7 +363,7 @@ JVM = {"type": "jvm", "jar_spec": {"type": "jar_url", "value": "gs://j.jar"}, "c
         ([{"job_id": 1}], "jobs[0] missing required key process."),
         ([job(foo=1, image="x")], "unknown keys in jobs[0]: {'foo', 'image'}"),
         ([job(job_id=None)], "jobs[0].job_id is not an integer"),
-        ([job(job_id=5)], "job ids [5] are out of range"),
+        ([job(job_id=5)], "job ids [5] are out of range: the update reserved 4 jobs (ids 1 to 4)"),
         ([job(job_id=0), job(job_id=5)], "job ids [0, 5] are out of range"),
         ([job(job_id=1), job(job_id=3)], "noncontiguous job ids found in the spec: 1 -> 3"),
         ([job(job_id=2), job(job_id=2)], "noncontiguous job ids found in the spec: 2 -> 2"),
@@ -458,6 +459,32 @@ def test_job_errors(objs: Any, message: str) -> None:
     with pytest.raises(BadRequest, match=re.escape(message)) as info:
         jobs(objs, batch_id=9)
     assert info.value.status == 400
+
+
+def test_a_bunch_wholly_out_of_range_lists_ten_ids_and_counts_them() -> None:
+    """A client that sends a second bunch's 1,024 jobs to an update of 1,024 hears which ids
+    and how many in a message of one line, not 1,024 numbers."""
+    bunch = [job(job_id=i) for i in range(1025, 2049)]
+    with pytest.raises(BadRequest) as info:
+        jobs(bunch, n_jobs=1024)
+    assert info.value.message == (
+        "job ids [1025, 1026, 1027, 1028, 1029, 1030, 1031, 1032, 1033, 1034, ...] are out of "
+        "range (1024 in all): the update reserved 1024 jobs (ids 1 to 1024)")
+
+
+def test_an_update_of_no_jobs_says_so() -> None:
+    with pytest.raises(BadRequest, match=re.escape(
+            "job ids [1] are out of range: the update reserved no jobs")):
+        jobs([job(job_id=1)], n_jobs=0)
+
+
+def test_many_bad_parents_are_listed_ten_and_counted() -> None:
+    bad = list(range(100, 130))
+    with pytest.raises(BadRequest) as info:
+        jobs([job(job_id=1, absolute_parent_ids=bad)])
+    assert info.value.message.startswith(
+        "parent job ids [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, ...] are out of "
+        "range (30 in all): a parent of job 1 must be an earlier job")
 
 
 def test_root_group_zero_only_in_the_first_group_range() -> None:
