@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -37,6 +38,7 @@ from bench import (
     ingest_throughput,
     log_throughput,
     machine,
+    provenance,
     replay,
     scheduler_memory,
     targets,
@@ -112,6 +114,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}: choose from {', '.join(known)}")
     results: dict[str, dict[str, object]] = {}
+    run = provenance.run_info(Path(__file__).resolve().parent.parent, sys.argv[1:], time.time())
     # Marks the brokers this run starts, so the CPU they spend is counted (bench/cpu.py).
     os.environ["HS_BENCH_RUN"] = run_id = uuid.uuid4().hex
     marker = f"HS_BENCH_RUN={run_id}".encode()
@@ -178,8 +181,11 @@ def main() -> None:
     out = Path("bench/results")
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"bench-{'-'.join(results)}-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    report = {**results, "machine": speed, "targets": [dataclasses.asdict(a) for a in assessed]}
+    report = {"run": run, **results, "machine": speed,
+              "targets": [dataclasses.asdict(a) for a in assessed]}
     path.write_text(json.dumps(report, indent=2) + "\n")
+    dirty = " with uncommitted changes" if run["dirty"] else ""
+    print(f"code: {run['commit'] or 'not a git checkout'}{dirty}")
     print(f"wrote {path}")
 
 
