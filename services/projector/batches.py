@@ -15,7 +15,7 @@ stream run in a task of its own) and acks each batch's events once the caller is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -88,10 +88,9 @@ class Batches(Generic[T]):
 
 
 async def event_batches(stream: Any, max_events: int, within_s: float
-                        ) -> AsyncGenerator[list[Any], None]:
+                        ) -> AsyncIterator[list[Any]]:
     """The events of a faust ``stream`` in :class:`Batches`; each batch's events are acked
-    when the caller asks for the next batch (the offsets stored with the projection are what
-    a restart goes by: an ack only moves faust's own commit).
+    after the caller asks for the next batch (or stops), as ``take_events`` does.
 
     The stream runs in a task of its own, its events handed over by a processor; an error that
     stops it is raised here, after the batch pending when it stopped is given."""
@@ -112,12 +111,12 @@ async def event_batches(stream: Any, max_events: int, within_s: float
     stream.enable_acks = False  # each event is acked once its batch is done with
     stream.add_processor(collect)
     reader = asyncio.create_task(run(), name="projector-stream")
-    waiting: asyncio.Task[None] | None = None
     try:
         while True:
             waiting = asyncio.create_task(batches.ready())
             await asyncio.wait({waiting, reader}, return_when=asyncio.FIRST_COMPLETED)
-            waiting.cancel()
+            if not waiting.done():
+                waiting.cancel()
             batch = batches.take()
             try:
                 if batch:
@@ -130,8 +129,6 @@ async def event_batches(stream: Any, max_events: int, within_s: float
                 reader.result()  # the error that stopped the stream, if any
                 return
     finally:
-        if waiting is not None:
-            waiting.cancel()  # stopped while waiting: no task left pending
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         stream.enable_acks = acks

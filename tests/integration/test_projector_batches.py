@@ -4,11 +4,10 @@ wake while nothing arrives. The faust glue is exercised by every projector test.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from services.projector.batches import Batches, event_batches
+from services.projector.batches import Batches
 
 
 async def _taken_within(batches: Batches[int], seconds: float) -> list[int] | None:
@@ -87,76 +86,3 @@ async def test_nothing_is_added_while_a_taken_batch_is_applied() -> None:
     batches.release()
     await asyncio.wait_for(second, 0.5)
     assert await _taken_within(batches, 0.5) == [2]
-
-
-class _Stream:
-    """What event_batches uses of a faust stream: events run through its processors, the
-    current event, acks."""
-
-    def __init__(self, events: list[str], fail_after: bool = False,
-                 hang: bool = False) -> None:
-        self.events = events
-        self.fail_after = fail_after
-        self.hang = hang
-        self.enable_acks = True
-        self.current_event: str | None = None
-        self.processors: list[Callable[[str], Awaitable[str]]] = []
-        self.acked: list[str] = []
-
-    def add_processor(self, processor: Callable[[str], Awaitable[str]]) -> None:
-        self.processors.append(processor)
-
-    async def __aiter__(self) -> AsyncIterator[str]:
-        for event in self.events:
-            self.current_event = event
-            for processor in self.processors:
-                await processor(event)
-            yield event
-            self.current_event = None
-        if self.fail_after:
-            raise ConnectionError("the broker went away")
-        if self.hang:
-            await asyncio.Event().wait()
-
-    async def ack(self, event: str) -> bool:
-        self.acked.append(event)
-        return True
-
-
-async def test_events_come_in_batches_acked_after_their_batch_and_acks_are_restored() -> None:
-    stream = _Stream([f"e{i}" for i in range(7)])
-    seen: list[list[str]] = []
-    async for batch in event_batches(stream, 3, within_s=0.01):
-        assert stream.acked == [e for b in seen for e in b]  # this batch not acked yet
-        seen.append(batch)
-    assert [e for b in seen for e in b] == stream.events
-    assert all(len(b) <= 3 for b in seen)
-    assert stream.acked == stream.events
-    assert stream.enable_acks is True
-
-
-async def test_an_error_that_stops_the_stream_is_raised_after_its_last_events() -> None:
-    stream = _Stream(["a", "b"], fail_after=True)
-    seen: list[str] = []
-    with pytest.raises(ConnectionError, match="went away"):
-        async for batch in event_batches(stream, 10, within_s=0.01):
-            seen += batch
-    assert seen == ["a", "b"]
-
-
-async def test_stopping_while_waiting_leaves_no_task_behind() -> None:
-    stream = _Stream([], hang=True)
-    before = asyncio.all_tasks()
-    batches = event_batches(stream, 10, within_s=0.01)
-
-    async def first() -> list[str]:
-        return await anext(batches)
-
-    consumer = asyncio.create_task(first())
-    await asyncio.sleep(0.05)
-    consumer.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await consumer
-    await batches.aclose()
-    await asyncio.sleep(0)
-    assert asyncio.all_tasks() - before == set()
