@@ -1,8 +1,7 @@
 """The projector as a faust-streaming app: a thin agent that hands event batches to the sink.
 
-One agent, over every projected topic, takes events in batches
-(:func:`~services.projector.batches.event_batches`: one event at a time is ten times slower)
-and applies them with :class:`~services.projector.sink.Sink` in
+One agent, over every projected topic, takes events in batches (``take_events``: one event at
+a time is ten times slower) and applies them with :class:`~services.projector.sink.Sink` in
 one MySQL transaction that also stores the offsets. Faust still commits offsets to Kafka, but
 the database is the truth: on every assignment the consumer seeks each partition to the offset
 stored with the projection, so a crash between the MySQL commit and Kafka's never re-applies or
@@ -42,7 +41,6 @@ from services.common.log import Record
 from services.common.metrics import MetricsServer
 from services.common.settings import PROJECTOR_CONSUMER, Settings
 from services.projector import metrics
-from services.projector.batches import event_batches
 from services.projector.sink import Applied, Sink
 from services.projector.transport import use_transport
 
@@ -272,15 +270,15 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
 
     app.on_partitions_assigned.connect(seek_to_stored)
 
-    # One agent over every projected topic: the sink applies records of several partitions
-    # and topics in one transaction. (faust's take_events, which the agents used, woke every
-    # within_s even with nothing to take: three agents cost the idle projector ~60 ms of CPU a
-    # second, one 40; event_batches wakes only for events.)
+    # One agent over every projected topic: each agent's take_events wakes every within_s
+    # even with nothing to take, and three of them cost the idle projector ~60 ms of CPU a
+    # second. The sink applies records of several partitions and topics in one transaction.
     channel = app.topic(*(s.topic(t) for t in PROJECTED_TOPICS), value_serializer="raw",
                         key_serializer="raw")
 
     async def project(stream: faust.StreamT[bytes]) -> None:
-        batches = event_batches(stream, BATCH_SIZE, within_s)
+        # take_events exists on faust-streaming's Stream but not on its StreamT protocol.
+        batches = stream.take_events(BATCH_SIZE, within=within_s)  # type: ignore[attr-defined]
         try:
             async for events in batches:
                 for part in transactions(events):
