@@ -33,6 +33,7 @@ the stack's code far more than with the hour.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -49,6 +50,8 @@ from typing import Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
+
+from bench.cpuquota import QuotaError, cpu_quota
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = "jobs (worker children)"
@@ -347,6 +350,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="run each pair's two arms at the same time, side by side: both "
                              "see the same minute of the machine (CPU per job compares well; "
                              "each arm's rate is then about half its own)")
+    parser.add_argument("--cpu-quota", type=float, metavar="CORES",
+                        help="hold every run, and the machine's MariaDB, to this many cores "
+                             "of CPU (a cgroup's quota: a slow machine on demand; see "
+                             "bench.cpuquota)")
     args = parser.parse_args(argv)
     venvs = {name: {venv: path.resolve() for venv, path in (
         (".venv", getattr(args, f"{name}_venv")),
@@ -367,6 +374,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                     str(args.replay_jobs)], replay_figures, _replay_rate,
                    f"a rebuild of {args.replay_jobs:,} jobs' log"),
     }[args.scenario]
+    held = contextlib.ExitStack()  # the CPU quota, left when the runs end
+    if args.cpu_quota is not None:
+        try:
+            held.enter_context(cpu_quota(args.cpu_quota))
+        except QuotaError as e:
+            parser.error(str(e))
     root = Path(tempfile.mkdtemp(prefix="hs-ab-"))
     results: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
     worktrees: list[Path] = []
@@ -401,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                       f"{''.join(f' {v}={p}' for v, p in venvs[name].items())}): "
                       f"{rate_of(got)}", flush=True)
     finally:
+        held.close()
         for wt in worktrees:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(wt)],
                            check=False)
@@ -408,7 +422,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     compared = compare([figures_of(r) for r in results["a"]],
                        [figures_of(r) for r in results["b"]])
     table = Table(title=f"A = {args.a} {' '.join(args.a_env)}   B = {args.b} "
-                        f"{' '.join(args.b_env)}   ({args.pairs} pairs, {what})")
+                        f"{' '.join(args.b_env)}   ({args.pairs} pairs, {what}"
+                        + (f", held to {args.cpu_quota:g} cores" if args.cpu_quota else "")
+                        + ")")
     for column in ("figure", "A", "B", "B - A", "95% interval", "", "median B - A",
                    "B higher", "verdict"):
         table.add_column(column, justify="left" if column in ("figure", "verdict") else "right")
@@ -424,7 +440,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     path.write_text(json.dumps({
         "scenario": args.scenario,
         "a": {"ref": args.a, "env": args.a_env}, "b": {"ref": args.b, "env": args.b_env},
-        "order": runs, "together": args.together, "runs": results,
+        "order": runs, "together": args.together, "cpu_quota": args.cpu_quota,
+        "runs": results,
         "compared": [asdict(p) for p in compared]},
         indent=2) + "\n")
     print(f"wrote {path}")
