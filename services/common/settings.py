@@ -234,13 +234,47 @@ PROJECTOR_NICE_ENV = "HS_PROJECTOR_NICE"
 def projector_nice(env: Mapping[str, str]) -> int:
     """The priority decrease :data:`PROJECTOR_NICE_ENV` asks for (default 0); ValueError,
     saying why, for a value that is not a whole number 0-19."""
-    raw = env.get(PROJECTOR_NICE_ENV)
+    return _nice(env, PROJECTOR_NICE_ENV)
+
+
+PROJECTOR_DB_NICE_ENV = "HS_PROJECTOR_DB_NICE"
+"""How much the projector lowers the priority of the database server's threads that serve its
+connections, when the server runs on this machine (0-19, default 0; see
+:mod:`services.common.dbnice`)."""
+
+
+def projector_db_nice(env: Mapping[str, str]) -> int:
+    """The priority decrease :data:`PROJECTOR_DB_NICE_ENV` asks for (default 0); ValueError,
+    saying why, for a value that is not a whole number 0-19."""
+    return _nice(env, PROJECTOR_DB_NICE_ENV)
+
+
+def _nice(env: Mapping[str, str], name: str) -> int:
+    raw = env.get(name)
     if raw is None or raw == "":
         return 0
     try:
         n = int(raw)
     except ValueError:
-        raise ValueError(f"{PROJECTOR_NICE_ENV} must be a whole number 0-19, not {raw!r}") from None
+        raise ValueError(f"{name} must be a whole number 0-19, not {raw!r}") from None
     if not 0 <= n <= 19:
-        raise ValueError(f"{PROJECTOR_NICE_ENV} must be between 0 and 19, not {n}")
+        raise ValueError(f"{name} must be between 0 and 19, not {n}")
+    return n
+
+
+BUNCH_SLACK_ENV = "HS_INGEST_BUNCH_SLACK"
+"""How many records the projector may be short of a job bunch when ingest answers it
+(``services.ingest.commands.BUNCH_SLACK`` unless set)."""
+
+
+def bunch_slack(raw: str) -> int:
+    """A :data:`BUNCH_SLACK_ENV` value as a number of records; ValueError, saying why, for
+    anything but a whole number 0 or more."""
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{BUNCH_SLACK_ENV} must be a whole number of records, "
+                         f"not {raw!r}") from None
+    if n < 0:
+        raise ValueError(f"{BUNCH_SLACK_ENV} must be 0 or more, not {n}")
     return n

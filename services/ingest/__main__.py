@@ -35,7 +35,9 @@ from services.common import eventloop
 from services.common.gcpause import tune_for_service
 from services.common.log import Publisher
 from services.common.settings import (
+    BUNCH_SLACK_ENV,
     LogSettings,
+    bunch_slack,
     load_settings,
     log_root,
     projector_consumer,
@@ -71,7 +73,7 @@ async def serve(host: str, port: int) -> None:
     try:
         async with Publisher(publisher_settings(settings.log, os.environ)) as publisher:
             wait_s = float(os.environ.get("HS_INGEST_WAIT_S", "4"))
-            slack = int(os.environ.get("HS_INGEST_BUNCH_SLACK", str(BUNCH_SLACK)))
+            slack = bunch_slack(os.environ.get(BUNCH_SLACK_ENV) or str(BUNCH_SLACK))
             commands = Commands(store, publisher, default_config(), wait_s=wait_s,
                                 specs=open_spec_store(spec_root(settings)), bunch_slack=slack,
                                 update_check_ttl_s=float(os.environ.get(

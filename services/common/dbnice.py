@@ -1,0 +1,102 @@
+"""Lower the CPU priority of the database server's threads that serve an engine's connections.
+
+Why: on one machine, the projector's nice covers its own process but not the work it causes:
+its inserts run in MariaDB's threads, at the server's priority, beside the request path. Each
+connection of MariaDB and MySQL is served by one server thread (the default
+one-thread-per-connection scheduler), whose kernel id the server tells: MariaDB's
+``information_schema.PROCESSLIST.TID``, MySQL 8's ``performance_schema.threads.THREAD_OS_ID``.
+When that thread belongs to a database server process this machine shows (its ``comm`` is
+``mariadbd`` or ``mysqld``), its priority is lowered while the connection lives and given back
+when the connection closes (the server then keeps the thread in its cache for another client;
+a client killed before it closes leaves its threads lowered, for whichever client the server
+hands them to next).
+A server elsewhere, in another PID namespace or with neither column is left as it is: the
+connection works the same, at the server's priority.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
+
+SERVER_COMMANDS = frozenset({"mariadbd", "mysqld"})
+"""The process names of a database server whose threads may be reniced."""
+
+_THREAD_QUERIES = (
+    "SELECT TID FROM information_schema.PROCESSLIST WHERE ID = CONNECTION_ID()",
+    "SELECT THREAD_OS_ID FROM performance_schema.threads WHERE PROCESSLIST_ID = CONNECTION_ID()",
+)
+
+TID_KEY = "hs_server_tid"
+"""Where a connection's info keeps its server thread and that thread's priority before."""
+
+
+def server_thread(dbapi_conn: Any) -> int | None:
+    """The kernel id of the server thread serving this DB-API connection, when the server
+    says (None otherwise)."""
+    for query in _THREAD_QUERIES:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(query)
+            row = cur.fetchone()
+        except Exception:  # this server has no such column or table
+            continue
+        finally:
+            cur.close()
+        if row and row[0]:
+            return int(row[0])
+    return None
+
+
+def local_server_thread(tid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether ``tid`` is a thread of a database server process on this machine."""
+    try:
+        status = (proc / str(tid) / "status").read_text()
+        tgid = next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("Tgid:"))
+        return (proc / tgid / "comm").read_text().strip() in SERVER_COMMANDS
+    except (OSError, StopIteration, IndexError):
+        return False
+
+
+def nice_server_threads(engine: sa.Engine, nice: int) -> None:
+    """Lower by ``nice`` (1-19) the priority of the local server thread of each connection
+    ``engine`` opens, until that connection closes."""
+    if nice <= 0:
+        return
+    told: list[bool] = []
+
+    def tell_once(message: str, *args: object) -> None:
+        if not told:
+            told.append(True)
+            log.info(message, *args)
+
+    @sa.event.listens_for(engine, "connect")
+    def _lower(dbapi_conn: Any, record: Any) -> None:
+        tid = server_thread(dbapi_conn)
+        if tid is None or not local_server_thread(tid):
+            tell_once("the database's server threads are not on this machine: "
+                      "its work for this process keeps the server's priority")
+            return
+        try:
+            before = os.getpriority(os.PRIO_PROCESS, tid)
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, before + nice))
+        except OSError as e:
+            tell_once("cannot lower the priority of the database's server threads: %s", e)
+            return
+        record.info[TID_KEY] = (tid, before)
+
+    @sa.event.listens_for(engine, "close")
+    def _restore(dbapi_conn: Any, record: Any) -> None:
+        lowered = record.info.pop(TID_KEY, None)
+        if lowered is not None:
+            tid, before = lowered
+            with contextlib.suppress(OSError):  # the thread is gone (the server restarted)
+                os.setpriority(os.PRIO_PROCESS, tid, before)
