@@ -23,14 +23,18 @@ from typing import Literal
 import msgspec
 
 from services.common.settings import (
+    BUNCH_SLACK_ENV,
     LOCAL_BROKER_FETCH_MAX_WAIT_MS,
     LOCAL_BROKER_PARTITIONS,
+    PROJECTOR_DB_NICE_ENV,
     PROJECTOR_NICE_ENV,
     LogSettings,
     Settings,
+    bunch_slack,
     load_settings,
     parse_bool,
     pick_env,
+    projector_db_nice,
     projector_nice,
 )
 
@@ -87,7 +91,25 @@ submission's bunches are answered once they are in the log, and the projection f
 most ``HS_INGEST_BUNCH_SLACK`` records behind). At nice 15 the projector yields the cores to
 the request path and catches up after: the 1M-job submit's server part took 9.8-10.4 s in three
 runs against 10.9-12.2 s in seven at normal priority (the batch visible 4.7-5.5 s after the
-submit instead of 3.0-4.5 s), and end to end was no slower (bench.ab, two pairs)."""
+submit instead of 3.0-4.5 s), and end to end was no slower (bench.ab, two pairs).
+
+The stack lowers as much the database server's threads that serve the projector's connections
+(``HS_PROJECTOR_DB_NICE``, :mod:`services.common.dbnice`): the projector's inserts run there,
+and are most of the projection's CPU."""
+
+
+LOCAL_BUNCH_SLACK = 2048
+"""How many records the one-machine stack lets the projector fall behind a job bunch before the
+bunch's answer waits for it (``HS_INGEST_BUNCH_SLACK``; ingest's own default is
+:data:`services.ingest.commands.BUNCH_SLACK`, 512). With 512, a 1M-job submission (977 bunches
+of the official client) is answered only once the projector has applied about half of it, so
+half the projection's CPU falls inside the submit however low its priority. With 2,048 and the
+projector's database threads lowered too (above), the projection yields the machine to the
+request path and catches up after. In a machine held to 0.8 of a core (a cgroup's CPU quota:
+a slow hour's figures, ``bench.ab --cpu-quota``), seven pairs: the 1M submit took 16.9 and
+18.6 s against 20.5 and 20.2 (lower in 7 of 7), the batch visible 4-6 s later after it; either
+change alone showed no difference, and end to end at full speed neither did the two (see
+docs/performance.md, "The submit when the machine is full")."""
 
 
 def _mode(value: str) -> Mode:
@@ -131,6 +153,10 @@ class StackConfig:
     """Cores each local worker announces (0: :data:`LOCAL_WORKER_CORES`)."""
     projector_nice: int = LOCAL_PROJECTOR_NICE
     """How much the projector lowers its CPU priority (``HS_PROJECTOR_NICE``)."""
+    projector_db_nice: int = LOCAL_PROJECTOR_NICE
+    """How much it lowers its database server threads' (``HS_PROJECTOR_DB_NICE``)."""
+    bunch_slack: int = LOCAL_BUNCH_SLACK
+    """How far the projector may fall behind a job bunch's answer (``HS_INGEST_BUNCH_SLACK``)."""
 
     @property
     def kafka_port(self) -> int:
@@ -179,6 +205,8 @@ class StackConfig:
         env["HS_KAFKA_FETCH_MAX_WAIT_MS"] = str(wait)
         env["HS_SCHEDULER_WORKER_CORES"] = str(self.worker_cores or LOCAL_WORKER_CORES)
         env["HS_PROJECTOR_NICE"] = str(self.projector_nice)
+        env["HS_PROJECTOR_DB_NICE"] = str(self.projector_db_nice)
+        env["HS_INGEST_BUNCH_SLACK"] = str(self.bunch_slack)
         env["HS_KAFKA_PARTITIONS"] = str(self.settings.log.partitions)
         return env
 
@@ -208,5 +236,9 @@ def load_config(env: Mapping[str, str] | None = None, **overrides: object) -> St
     except ValueError:
         raise ValueError(f"HS_SCHEDULER_WORKER_CORES: not a number of cores: {cores!r}") from None
     nice = projector_nice(env) if env.get(PROJECTOR_NICE_ENV) else LOCAL_PROJECTOR_NICE
+    db_nice = projector_db_nice(env) if env.get(PROJECTOR_DB_NICE_ENV) else nice
+    raw_slack = env.get(BUNCH_SLACK_ENV)
+    slack = bunch_slack(raw_slack) if raw_slack else LOCAL_BUNCH_SLACK
     return StackConfig(settings=settings, stack=stack, data_dir=data_dir.resolve(),
-                       worker_cores=worker_cores, projector_nice=nice)
+                       worker_cores=worker_cores, projector_nice=nice,
+                       projector_db_nice=db_nice, bunch_slack=slack)

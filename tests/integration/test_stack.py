@@ -35,6 +35,7 @@ from services.common.settings import (
     LogSettings,
 )
 from services.stack.config import (
+    LOCAL_BUNCH_SLACK,
     LOCAL_PROJECTOR_NICE,
     LOCAL_WORKER_CORES,
     SEAWEED_PORT_SPAN,
@@ -150,10 +151,54 @@ def test_up_runs_durable_stack_and_status_reports_it(stack: Stack) -> None:
     assert _nice(pids["projector"]) == min(19, os.getpriority(os.PRIO_PROCESS, 0)
                                            + LOCAL_PROJECTOR_NICE)
     assert _nice(pids["ingest"]) == os.getpriority(os.PRIO_PROCESS, 0)
+    # So do MariaDB's threads that serve the projector's connections (services.common.dbnice).
+    lowered = _server_thread_nices(pids["projector"], stack)
+    assert lowered and all(n >= LOCAL_PROJECTOR_NICE for n in lowered), lowered
 
 
 def _nice(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[16])
+
+
+def _server_thread_nices(pid: int, stack: Stack) -> list[int]:
+    """The priorities of the database server's threads that serve ``pid``'s connections
+    (found by the client ports of its sockets to the server), waiting until it has one."""
+    db = DatabaseSettings(name=stack.db_name)
+    engine = sa.create_engine(db.url(database=False), poolclass=sa.pool.NullPool)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            ports = _client_ports(pid, db.port)
+            with engine.connect() as conn:
+                tids = [int(tid) for host, tid in conn.execute(sa.text(
+                    "SELECT HOST, TID FROM information_schema.PROCESSLIST")).all()
+                        if host and host.rpartition(":")[2].isdigit()
+                        and int(host.rpartition(":")[2]) in ports]
+            if tids or time.monotonic() > deadline:
+                return [os.getpriority(os.PRIO_PROCESS, tid) for tid in tids]
+            time.sleep(0.5)
+    finally:
+        engine.dispose()
+
+
+def _client_ports(pid: int, server_port: int) -> set[int]:
+    """The local ports of ``pid``'s TCP connections to ``server_port``."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if inode in inodes and int(remote.rpartition(":")[2], 16) == server_port:
+                ports.add(int(local.rpartition(":")[2], 16))
+    return ports
 
 
 def test_up_twice_starts_no_duplicates(stack: Stack) -> None:
@@ -319,7 +364,20 @@ def test_local_workers_announce_more_cores_and_the_broker_waits_longer_unless_to
 
 def test_the_local_projector_yields_the_cores_unless_told(tmp_path: Path) -> None:
     base = {"HS_DATA_DIR": str(tmp_path)}
-    assert load_config(base).client_env()["HS_PROJECTOR_NICE"] == str(LOCAL_PROJECTOR_NICE)
+    env = load_config(base).client_env()
+    assert env["HS_PROJECTOR_NICE"] == str(LOCAL_PROJECTOR_NICE)
+    # Its database threads as much, and bunches are answered further ahead of it.
+    assert env["HS_PROJECTOR_DB_NICE"] == str(LOCAL_PROJECTOR_NICE)
+    assert env["HS_INGEST_BUNCH_SLACK"] == str(LOCAL_BUNCH_SLACK)
+    assert load_config({**base, "HS_PROJECTOR_NICE": "5"}).client_env()[
+        "HS_PROJECTOR_DB_NICE"] == "5"
+    told = load_config({**base, "HS_PROJECTOR_DB_NICE": "0",
+                        "HS_INGEST_BUNCH_SLACK": "512"}).client_env()
+    assert (told["HS_PROJECTOR_NICE"], told["HS_PROJECTOR_DB_NICE"],
+            told["HS_INGEST_BUNCH_SLACK"]) == (str(LOCAL_PROJECTOR_NICE), "0", "512")
+    for name, bad in (("HS_PROJECTOR_DB_NICE", "20"), ("HS_INGEST_BUNCH_SLACK", "many")):
+        with pytest.raises(ValueError, match=name):
+            load_config({**base, name: bad})
     assert load_config({**base, "HS_PROJECTOR_NICE": "0"}).client_env()[
         "HS_PROJECTOR_NICE"] == "0"
     for bad in ("low", "20", "-1"):
