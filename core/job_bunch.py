@@ -8,7 +8,8 @@ at again); any other bunch, valid or not, goes through ``job_records`` unchanged
 accepted and every error message stay those of the checks. The typed schema is stricter than
 the checks, never looser: tests/core/test_job_bunch.py compares the two on generated bunches.
 
-A record's spec text is the client's own JSON for that job (a slice of the body).
+A record's spec text is the client's own JSON for that job (a slice of the body); ingest asks
+for none and keeps the body whole instead.
 """
 
 from __future__ import annotations
@@ -81,11 +82,10 @@ _SPECS = msgspec.json.Decoder(list[_Spec])
 _RAWS = msgspec.json.Decoder(list[msgspec.Raw])
 
 
-def _typed(data: bytes) -> tuple[list[_Spec], list[str]] | None:
-    """The specs of a bunch every spec of which is ordinary, and their texts; else None."""
+def _typed(data: bytes) -> list[_Spec] | None:
+    """The specs of a bunch every spec of which is ordinary; else None."""
     try:
         specs = _SPECS.decode(data)
-        raws = _RAWS.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     if len(specs) > MAX_BUNCH_SIZE:
@@ -94,7 +94,12 @@ def _typed(data: bytes) -> tuple[list[_Spec], list[str]] | None:
         if s.process.mount_docker_socket or (s.absolute_job_group_id is not None
                                              and s.in_update_job_group_id is not None):
             return None  # refused by the checks, with their message
-    return specs, [str(raw, "utf-8") for raw in raws]
+    return specs
+
+
+def _texts(data: bytes) -> list[str]:
+    """Each element of a JSON array as its own text (the array decoded once already)."""
+    return [str(raw, "utf-8") for raw in _RAWS.decode(data)]
 
 
 def job_records_json(
@@ -108,8 +113,12 @@ def job_records_json(
     known_group: Callable[[int], bool],
     is_developer: bool = False,
     batch_id: int | None = None,
+    texts: bool = True,
 ) -> list[JobRecord]:
     """:func:`core.job_specs.job_records` of a JSON body (empty: no body).
+
+    ``texts``: as ``job_records``. Without, the body, once accepted, is the jobs' specs as one
+    text (:attr:`schemas.batch.JobsSubmitted.specs`), and nothing cuts it into a string a job.
 
     Raises:
         BadRequest: As ``job_records``.
@@ -118,11 +127,12 @@ def job_records_json(
     """
     typed = _typed(data) if data else None
     if typed is not None:
-        return records_of(*typed, start_job_id=start_job_id, n_jobs=n_jobs,
-                          start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
-                          config=config, known_group=known_group, batch_id=batch_id)
+        return records_of(typed, _texts(data) if texts else None, start_job_id=start_job_id,
+                          n_jobs=n_jobs, start_job_group_id=start_job_group_id,
+                          n_job_groups=n_job_groups, config=config, known_group=known_group,
+                          batch_id=batch_id)
     return job_records(msgspec.json.decode(data) if data else None,
                        start_job_id=start_job_id, n_jobs=n_jobs,
                        start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
                        config=config, known_group=known_group, is_developer=is_developer,
-                       batch_id=batch_id)
+                       batch_id=batch_id, texts=texts)

@@ -269,6 +269,7 @@ def job_records(
     known_group: Callable[[int], bool],
     is_developer: bool = False,
     batch_id: int | None = None,
+    texts: bool = True,
 ) -> list[JobRecord]:
     """Validate a bunch of job specs of an update and turn them into records.
 
@@ -285,6 +286,8 @@ def job_records(
             always known.
         is_developer: Whether the submitter may use developer-only features.
         batch_id: When given, messages name jobs as the reference does, ``(batch_id, job_id)``.
+        texts: Whether each record carries its spec's JSON text (without, the caller keeps
+            the bunch's body: :attr:`schemas.batch.JobsSubmitted.specs`).
 
     Returns:
         One record per spec, in order, with absolute ids.
@@ -312,7 +315,8 @@ def job_records(
         n_max_attempts=get(s, "n_max_attempts", DEFAULT_N_MAX_ATTEMPTS),
         attributes=get(s, "attributes", {}),
     ) for s in specs]
-    return records_of(views, [msgspec.json.encode(raw).decode() for raw in objs],
+    spec_texts = [msgspec.json.encode(raw).decode() for raw in objs] if texts else None
+    return records_of(views, spec_texts,
                       start_job_id=start_job_id, n_jobs=n_jobs,
                       start_job_group_id=start_job_group_id, n_job_groups=n_job_groups,
                       config=config, known_group=known_group, batch_id=batch_id)
@@ -374,7 +378,7 @@ _NO_RESOURCES: Final = msgspec.json.encode((None, None))
 
 def records_of(
     views: Sequence[CheckedSpec],
-    texts: Sequence[str],
+    texts: Sequence[str] | None,
     *,
     start_job_id: int,
     n_jobs: int,
@@ -386,7 +390,8 @@ def records_of(
 ) -> list[JobRecord]:
     """The records of a bunch of checked specs, their ids, parents, groups and resources resolved.
 
-    ``texts`` are the specs' JSON texts, in the same order. See :func:`job_records`.
+    ``texts`` are the specs' JSON texts, in the same order; None: the records carry none (the
+    bunch's body does). See :func:`job_records`.
     """
     ids = [v.in_update_id for v in views]
     # The usual bunch, in range and contiguous, is told in C; anything else is looked at id by
@@ -404,7 +409,9 @@ def records_of(
                     f"{resolve_in_update_id(before, start_job_id)} -> "
                     f"{resolve_in_update_id(after, start_job_id)}")
 
-    if len(views) != len(texts):
+    if texts is None:
+        texts = [""] * len(views)  # JobRecord's default: no text, and none encoded
+    elif len(views) != len(texts):
         raise ValueError(f"{len(views)} specs but {len(texts)} texts")
     # The usual bunch: no job has parents or asks for resources or regions, and all join the
     # same group. Its first job is resolved as any other (so any error names it, as the loop

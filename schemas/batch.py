@@ -80,10 +80,11 @@ class JobHead(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=
 class JobRecord(JobHead, frozen=True, kw_only=True, omit_defaults=True, gc=False):
     """One job of a bunch, with absolute ids and what scheduling needs already extracted.
 
-    ``spec`` is the job's spec as the client sent it (JSON text), kept verbatim for the API.
+    ``spec`` is the job's spec (JSON text), or empty where the bunch carries its jobs' specs
+    together (:attr:`JobsSubmitted.specs`).
     """
 
-    spec: str
+    spec: str = ""
 
 
 class JobHeadsSubmitted(BatchEvent, frozen=True, kw_only=True, tag="batch.jobs_submitted"):
@@ -99,9 +100,38 @@ class JobHeadsSubmitted(BatchEvent, frozen=True, kw_only=True, tag="batch.jobs_s
 
 
 class JobsSubmitted(JobHeadsSubmitted, frozen=True, kw_only=True, tag="batch.jobs_submitted"):
-    """A bunch of jobs of an open update. Resubmitting the same bunch is a no-op."""
+    """A bunch of jobs of an open update. Resubmitting the same bunch is a no-op.
+
+    The jobs' specs come one of two ways. ``specs``: the bunch's request body as the client sent
+    it, a JSON array whose elements are the specs of ``jobs`` in order (what ingest appends for
+    a bunch of the jobs endpoint; its jobs' ``spec`` are empty). Else each job's ``spec`` (the
+    fast paths' bunches, and every bunch appended before ``specs`` existed). Carrying the body
+    whole, ingest never cuts it into a thousand strings nor encodes them one by one
+    (docs/performance.md). :meth:`spec_texts` reads either.
+    """
 
     jobs: list[JobRecord]
+    specs: str = ""
+
+    def spec_texts(self) -> list[str]:
+        """Each job's spec as JSON text, in the order of ``jobs``.
+
+        Raises:
+            ValueError: ``specs`` is not a JSON array of one element per job.
+
+        """
+        if not self.specs:
+            return [job.spec for job in self.jobs]
+        try:
+            raws = _RAW_ARRAY.decode(self.specs)
+        except msgspec.DecodeError as e:
+            raise ValueError(f"the bunch's specs are not a JSON array: {e}") from None
+        if len(raws) != len(self.jobs):
+            raise ValueError(f"the bunch has {len(self.jobs)} jobs but {len(raws)} specs")
+        return [str(raw, "utf-8") for raw in raws]
+
+
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class UpdateCommitted(BatchEvent, frozen=True, kw_only=True, tag="batch.update_committed"):

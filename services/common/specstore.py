@@ -7,9 +7,10 @@ carries the specs, so a replay of the log never needs this store.
 :class:`LocalSpecStore` keeps one file per bunch, ``{root}/{batch_id}/{first_job_id}.specs``,
 holding the bunch's job ids and spec texts as msgpack, compressed with zstd (a bunch of 1,024
 no-op specs is 269 KB of msgpack and 6 KB compressed; files written before compression are
-plain msgpack, and still read). A file appears whole or not at all: it is
-written to a temporary name in the same directory, flushed to disk, then renamed over its final
-name, and the directory is flushed too (the rename itself is only on disk once it is). A cloud
+plain msgpack, and still read), or ingest's bunches: the request's JSON array as it came,
+compressed, its jobs numbered from the file's first job id. A file appears whole or not at all:
+it is written to a temporary name in the same directory, flushed to disk, then renamed over its
+final name, and the directory is flushed too (the rename itself is only on disk once it is). A cloud
 backend (GCS) plugs in behind :class:`SpecStore`; callers run its blocking methods in a thread
 (``asyncio.to_thread``).
 """
@@ -49,6 +50,11 @@ class SpecStore(Protocol):
     def write_run(self, batch_id: int, first_job_id: int, specs: Sequence[str]) -> None:
         """:meth:`write_bunch` of the job ids ``first_job_id``, ``first_job_id + 1``, ...: a
         bunch as ingest has it, without a pair made and checked per job."""
+        ...
+
+    def write_json(self, batch_id: int, first_job_id: int, specs: bytes) -> None:
+        """:meth:`write_run` of the elements of ``specs``, a JSON array of the bunch's specs
+        (the request's body as ingest received it, checked): stored as it is."""
         ...
 
     def read(self, batch_id: int, job_id: int) -> str | None:
@@ -94,8 +100,22 @@ def encode_bunch(job_ids: list[int], specs: list[str]) -> bytes:
     return bytes(cramjam.zstd.compress(raw, level=_LEVEL))
 
 
-def decode_bunch(data: bytes) -> _Bunch:
-    """A bunch from its stored bytes, compressed (:func:`encode_bunch`) or plain msgpack.
+def encode_json_bunch(specs: bytes) -> bytes:
+    """A bunch's stored bytes from its specs as one JSON array: the array, compressed.
+
+    The job ids are the file's: its first job id and those after it. Stored as it came, the
+    body is never cut into strings nor encoded again on the request path (its elements are
+    cut apart once by the reader that needs them, a worker, and cached).
+    """
+    if specs[:1] != b"[":  # JSON's whitespace before the array: the reader looks for "["
+        specs = specs.lstrip()
+    return bytes(cramjam.zstd.compress(specs, level=_LEVEL))
+
+
+def decode_bunch(data: bytes, first_job_id: int | None = None) -> _Bunch:
+    """A bunch from its stored bytes: compressed (:func:`encode_bunch`,
+    :func:`encode_json_bunch`) or plain msgpack. A JSON array's jobs are numbered from
+    ``first_job_id`` (the bunch's file).
 
     Raises:
         msgspec.DecodeError: The bytes are not a bunch (or not a whole zstd frame of one).
@@ -106,7 +126,16 @@ def decode_bunch(data: bytes) -> _Bunch:
             data = bytes(cramjam.zstd.decompress(data))
         except cramjam.DecompressionError as e:
             raise msgspec.DecodeError(f"a stored bunch that does not decompress: {e}") from e
+    if data[:1] == b"[":  # a msgpack bunch begins with an array header (0x92)
+        if first_job_id is None:
+            raise msgspec.DecodeError("a bunch of JSON specs read without its first job id")
+        specs = [str(raw, "utf-8") for raw in _json_array.decode(data)]
+        return _Bunch(job_ids=list(range(first_job_id, first_job_id + len(specs))),
+                      specs=specs)
     return _decoder.decode(data)
+
+
+_json_array = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 class BunchedSpecs:
@@ -137,6 +166,9 @@ class BunchedSpecs:
         first = int(first_job_id)
         self._store(batch_id, first, encode_bunch(list(range(first, first + len(specs))),
                                                   list(specs)))
+
+    def write_json(self, batch_id: int, first_job_id: int, specs: bytes) -> None:
+        self._store(batch_id, int(first_job_id), encode_json_bunch(specs))
 
     def _store(self, batch_id: int, first_job_id: int, data: bytes) -> None:
         """Store one bunch's bytes, whole or not at all, then :meth:`_written` (I/O)."""
@@ -221,7 +253,7 @@ class BunchedSpecs:
         data = self._fetch(batch_id, first_job_id)
         if data is None:
             return None
-        bunch = decode_bunch(data)
+        bunch = decode_bunch(data, first_job_id)
         with self._lock:
             self._bunches[key] = bunch
             self._bunches.move_to_end(key)

@@ -109,13 +109,18 @@ class Commands:
     async def _store_specs(self, batch_id: int, records: Sequence[JobRecord]) -> None:
         await asyncio.to_thread(self._write_specs, batch_id, records)
 
-    def _write_specs(self, batch_id: int, records: Sequence[JobRecord]) -> None:
-        """Write a bunch's specs to the spec store; 503 (nothing published) if that fails."""
+    def _write_specs(self, batch_id: int, records: Sequence[JobRecord],
+                     body: bytes | None = None) -> None:
+        """Write a bunch's specs to the spec store; 503 (nothing published) if that fails.
+        ``body``: the records carry no spec texts, and this JSON array (checked) holds them."""
         if self.specs is None or not records:
             return
         try:
             # The records' ids are contiguous (core.job_specs checks).
-            self.specs.write_run(batch_id, records[0].job_id, [r.spec for r in records])
+            if body is None:
+                self.specs.write_run(batch_id, records[0].job_id, [r.spec for r in records])
+            else:
+                self.specs.write_json(batch_id, records[0].job_id, body)
         except OSError as e:
             log.exception("storing the specs of batch %d failed", batch_id)
             raise Unavailable(f"could not store the job specs: {type(e).__name__}: {e}; "
@@ -480,14 +485,16 @@ class Commands:
         # The checks, the decode and the spec store's write in one hop to a thread: each hop
         # costs a thread switch and a wakeup of the loop, under the GIL the other requests'
         # decodes hold (three hops were a third of a bunch request's time, measured).
-        u, records = await self._found(batch_id, self._accepted_bunch, batch_id, update_id,
-                                       body, user, self._committed_here(batch_id, update_id))
+        u, records, specs = await self._found(batch_id, self._accepted_bunch, batch_id,
+                                              update_id, body, user,
+                                              self._committed_here(batch_id, update_id))
         if records:
             # Nothing reads an uncommitted update's jobs: the answer need not wait until the
             # projector applied this bunch, only until it is at most bunch_slack records short
             # of it. The commit knows the bunch is in the log from the tally.
             await self._append(
-                [JobsSubmitted(batch_id=batch_id, update_id=update_id, jobs=records)],
+                [JobsSubmitted(batch_id=batch_id, update_id=update_id, jobs=records,
+                               specs=specs)],
                 slack=self.bunch_slack, unsettled=(batch_id, user.name))
             key = (batch_id, update_id)
             tally = self._tallies.get(key)
@@ -499,16 +506,20 @@ class Commands:
                 tally.add_run(records[0].job_id, records[-1].job_id + 1)
 
     def _accepted_bunch(self, batch_id: int, update_id: int, body: bytes, user: User,
-                        committed_here: bool) -> tuple[Any, list[JobRecord]]:
-        """The update's row and the bunch's records, their specs stored (blocking)."""
+                        committed_here: bool) -> tuple[Any, list[JobRecord], str]:
+        """The update's row, the bunch's records (without spec texts) and its specs as one
+        JSON text (the body, once checked), stored (blocking)."""
         u = self._bunch_update(batch_id, update_id, user, committed_here)
         records = job_records_json(
             body, start_job_id=u.start_job_id, n_jobs=u.n_jobs,
             start_job_group_id=u.start_job_group_id, n_job_groups=u.n_job_groups,
             config=self.config, known_group=self._known_group(batch_id),
-            is_developer=user.is_developer, batch_id=batch_id)
-        self._write_specs(batch_id, records)
-        return u, records
+            is_developer=user.is_developer, batch_id=batch_id, texts=False)
+        if not records:
+            return u, records, ""
+        self._write_specs(batch_id, records, body)
+        # Checked as JSON: every string in it was decoded as UTF-8, the rest is ASCII.
+        return u, records, str(body, "utf-8")
 
     async def commit(self, batch_id: int, update_id: int, user: User) -> dict[str, Any]:
         await self._check_not_frozen()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import BadRequest
-from core.job_bunch import _SPECS, _typed, job_records_json
+from core.job_bunch import _SPECS, _texts, _typed, job_records_json
 from core.job_specs import _resolved, job_records, records_of
 from core.resources import default_config
 from schemas.batch import JobRecord
@@ -88,6 +88,16 @@ def outcome(fn: Any, arg: Any) -> list[JobRecord] | str:
 def test_the_fast_path_gives_what_the_checks_give(objs: list[dict[str, Any]]) -> None:
     data = msgspec.json.encode(objs)
     assert outcome(job_records_json, data) == outcome(job_records, objs)
+
+
+def without_texts(fn: Any) -> Any:
+    return lambda arg, **kw: fn(arg, texts=False, **kw)
+
+
+def textless(out: list[JobRecord] | str) -> list[JobRecord] | str:
+    return out if isinstance(out, str) else [msgspec.structs.replace(r, spec="") for r in out]
+
+
 
 
 VALID: dict[str, st.SearchStrategy[Any]] = {
@@ -229,8 +239,25 @@ def job_by_job(specs: Any, texts: list[str]) -> list[JobRecord]:
 @given(st.one_of(alike_bunch(), valid_bunch()))
 def test_a_bunch_of_alike_jobs_gives_what_resolving_each_job_gives(
         objs: list[dict[str, Any]]) -> None:
-    typed = _typed(msgspec.json.encode(objs))
-    assert typed is not None
-    specs, texts = typed
+    data = msgspec.json.encode(objs)
+    specs = _typed(data)
+    assert specs is not None
+    texts = _texts(data)
     assert outcome(lambda _, **kw: records_of(specs, texts, **kw), None) == \
         outcome(lambda _, **kw: job_by_job(specs, texts), None)
+
+
+@settings(max_examples=300)
+@given(st.one_of(bunch(), alike_bunch(), valid_bunch()))
+def test_without_texts_the_records_are_the_same_but_their_spec(
+        objs: list[dict[str, Any]]) -> None:
+    """Ingest asks for no texts (it keeps the body): the fast path and the checks then give
+    the same records, the same errors, each record's spec empty and not encoded."""
+    data = msgspec.json.encode(objs)
+    with_texts = outcome(job_records_json, data)
+    assert outcome(without_texts(job_records_json), data) == textless(with_texts)
+    assert outcome(without_texts(job_records), objs) == textless(outcome(job_records, objs))
+    if not isinstance(with_texts, str):
+        bare = outcome(without_texts(job_records_json), data)
+        assert isinstance(bare, list)
+        assert all(b"spec" not in msgspec.msgpack.encode(r) for r in bare)

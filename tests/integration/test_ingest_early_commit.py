@@ -11,8 +11,10 @@ sink and by setting ``applied_offsets``.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -22,9 +24,12 @@ from aiohttp import web
 
 from core.errors import BadRequest, NotFound, Unavailable
 from core.resources import default_config
+from schemas import codec
 from schemas.batch import BatchCancelled, JobsSubmitted, UpdateCommitted
+from schemas.envelope import wrap
 from services.common import procs
 from services.common.settings import DatabaseSettings, LogSettings
+from services.common.specstore import LocalSpecStore
 from services.ingest.app import create_app
 from services.ingest.billing import Billing
 from services.ingest.commands import Commands
@@ -237,3 +242,55 @@ async def test_bunches_of_an_update_share_its_check_for_a_short_while(
             await commands.submit_jobs(11, 1, bunch(4), ALICE)
     finally:
         store.batch_and_update = checked  # type: ignore[method-assign]
+
+
+async def test_a_bunch_goes_to_the_log_and_the_spec_store_as_the_client_sent_it(
+        harness: Harness, tmp_path: Path) -> None:
+    """The body of a bunch is its jobs' specs as one text, in the event and in the spec store:
+    never cut into a string a job on the way in, read back job by job byte for byte."""
+    harness.project(*submission(21, 1, [job(i) for i in range(1, 4)], create=True,
+                                commit=False)[:2])
+    before = await harness.log_ends()
+    store = LocalSpecStore(tmp_path)
+    harness.commands.specs = store
+    sent: list[object] = []
+    publish_many = harness.publisher.publish_many
+
+    async def recording(events: Any, **kw: Any) -> Any:
+        sent.extend(events)
+        return await publish_many(events, **kw)
+
+    harness.publisher.publish_many = recording  # type: ignore[method-assign]
+    specs = [b'{"job_id": 1, "process": {"type": "docker", "image": "u", "command": ["true"]}}',
+             b'{"process":{"command":["echo","\\u00e9t\xc3\xa9"],"image":"u","type":"docker"},'
+             b'"job_id":2,"attributes":{"name":"b"}}',
+             b'{"job_id": 3,\n "process": {"type": "docker", "image": "u", "command": []}}']
+    body = b" \n[" + b" ,\n ".join(specs) + b"]\n"
+    await harness.commands.submit_jobs(21, 1, body, ALICE)
+    assert await harness.log_ends() == before + 1
+    (event,) = sent
+    assert isinstance(event, JobsSubmitted)
+    assert event.specs == body.decode()
+    assert [j.spec for j in event.jobs] == ["", "", ""]
+    assert event.spec_texts() == [s.decode() for s in specs]
+    # As a consumer reads it back from the log, in full or as heads.
+    env = codec.decode(codec.encode(wrap(event, event_id="e", time_ms=1)))
+    assert env.event == event
+    heads = codec.decode(codec.encode(wrap(event, event_id="e", time_ms=1)), heads=True).event
+    assert [j.job_id for j in heads.jobs] == [1, 2, 3]  # type: ignore[attr-defined]
+    # The spec store, read afresh, gives each job its own text.
+    fresh = LocalSpecStore(tmp_path)
+    assert [fresh.read(21, i) for i in (1, 2, 3)] == [s.decode() for s in specs]
+    assert fresh.read(21, 4) is None
+
+
+async def test_a_bunch_refused_stores_and_appends_nothing(harness: Harness,
+                                                          tmp_path: Path) -> None:
+    harness.project(*submission(22, 1, [job(i) for i in range(1, 3)], create=True,
+                                commit=False)[:2])
+    before = await harness.log_ends()
+    harness.commands.specs = LocalSpecStore(tmp_path)
+    with pytest.raises(BadRequest, match="job_id"):
+        await harness.commands.submit_jobs(22, 1, b'[{"process": {}}]', ALICE)
+    assert await harness.log_ends() == before
+    assert not any(files for _, _, files in os.walk(tmp_path))

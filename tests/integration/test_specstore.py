@@ -216,3 +216,22 @@ def test_a_written_bunch_and_its_name_are_flushed_to_disk(tmp_path: Path,
     flushed.clear()
     LocalSpecStore(tmp_path, fsync=False).write_bunch(4, bunch(1, 2))
     assert flushed == []
+
+
+def test_a_bunch_stored_as_its_json_array_is_read_job_by_job(tmp_path: Path) -> None:
+    """Ingest stores a bunch's body as it came; each job's text is its element, verbatim."""
+    texts = [spec(j) for j in range(21, 24)]
+    texts[1] = '{"job_id": 22,\n  "name": "\\u00e9t\u00e9"}'
+    body = (" \n[" + " ,\n ".join(texts) + "]\n").encode()
+    store = LocalSpecStore(tmp_path)
+    store.write_json(3, 21, body)
+    store.write_bunch(3, bunch(1, 2))  # the same batch's bunches of both kinds
+    fresh = LocalSpecStore(tmp_path)
+    assert [fresh.read(3, j) for j in range(20, 25)] == [None, *texts, None]
+    assert [fresh.read(3, j) for j in (1, 2)] == [spec(1), spec(2)]
+    stored = fresh.path(3, 21).read_bytes()
+    assert stored[:4] == b"\x28\xb5\x2f\xfd"  # a zstd frame
+    found = decode_bunch(stored, 21)
+    assert (found.job_ids, found.specs) == ([21, 22, 23], texts)
+    with pytest.raises(msgspec.DecodeError, match="without its first job id"):
+        decode_bunch(stored)

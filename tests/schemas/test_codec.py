@@ -289,3 +289,35 @@ def test_no_struct_of_a_bulk_envelope_is_tracked_by_the_cyclic_collector() -> No
     (env,) = codec.decode_many([codec.encode(wrap(sj, event_id="e", time_ms=1))], bulk=True)
     assert isinstance(env.event, RawJobScheduled)
     assert not any(gc.is_tracked(o) for o in (env, env.event, env.event.resources))
+
+
+def _job(job_id: int, spec: str = "") -> JobRecord:
+    return JobRecord(job_id=job_id, job_group_id=0, inst_coll="standard", spec=spec,
+                     resources=JobResources(cores_mcpu=1000, memory_bytes=2**30,
+                                            storage_gib=0))
+
+
+def test_a_bunchs_specs_come_as_one_text_or_one_a_job() -> None:
+    texts = ['{"job_id": 1, "x": [1, 2]}', '{"job_id":2,"y":"\\u00e9t\u00e9"}']
+    whole = JobsSubmitted(batch_id=1, update_id=1, jobs=[_job(1), _job(2)],
+                          specs=" [" + " ,\n".join(texts) + "] ")
+    each = JobsSubmitted(batch_id=1, update_id=1, jobs=[_job(1, texts[0]), _job(2, texts[1])])
+    assert whole.spec_texts() == each.spec_texts() == texts
+    for event in (whole, each):
+        for fmt in ("msgpack", "json"):
+            back = codec.decode(codec.encode(wrap(event, event_id="e", time_ms=1), fmt))
+            assert back.event == event
+            assert back.event.spec_texts() == texts  # type: ignore[attr-defined]
+    # A job without a text is not encoded with an empty one.
+    assert b"spec" not in msgspec.msgpack.encode(_job(1))
+
+
+@pytest.mark.parametrize(("specs", "message"), [
+    ('[{"a": 1}]', "the bunch has 2 jobs but 1 specs"),
+    ('{"a": 1}', "not a JSON array"),
+    ("[{", "not a JSON array"),
+])
+def test_specs_that_do_not_match_the_jobs_are_an_error(specs: str, message: str) -> None:
+    event = JobsSubmitted(batch_id=1, update_id=1, jobs=[_job(1), _job(2)], specs=specs)
+    with pytest.raises(ValueError, match=message):
+        event.spec_texts()
