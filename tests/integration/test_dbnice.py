@@ -100,3 +100,41 @@ def test_the_settings_refuse_what_they_cannot_take() -> None:
         bunch_slack("lots")
     with pytest.raises(ValueError, match="HS_INGEST_BUNCH_SLACK must be 0 or more"):
         bunch_slack("-1")
+
+
+def test_threads_a_killed_client_left_lowered_get_the_servers_priority_back(
+        db_server: DatabaseSettings) -> None:
+    """A client killed before it closed its connections leaves their threads lowered in the
+    server's cache. The next engine's first connection gives them the server's priority back,
+    never lowers a leftover it is handed twice over, and leaves live connections alone."""
+    plain = sa.create_engine(db_server.url(database=False), poolclass=sa.pool.NullPool)
+    other = sa.create_engine(db_server.url(database=False), pool_size=1, max_overflow=0)
+    nice_server_threads(other, 7)
+    lowered = sa.create_engine(db_server.url(database=False), pool_size=1, max_overflow=0)
+    try:
+        with other.connect() as live:  # another process's lowered connection, alive
+            live_tid, base = live.connection.info[TID_KEY]
+            # Two connections whose threads a killed client had lowered: closed without their
+            # priority given back, the server keeps the threads for its next clients.
+            left: list[int] = []
+            with plain.connect() as a, plain.connect() as b:
+                for conn in (a, b):
+                    left.append(_tid(conn))
+                    os.setpriority(os.PRIO_PROCESS, left[-1], base + 7)
+            assert all(os.getpriority(os.PRIO_PROCESS, t) == base + 7 for t in left), \
+                "the server did not keep the closed connections' threads"
+            nice_server_threads(lowered, 7)
+            with lowered.connect() as conn:
+                tid, got_base = conn.connection.info[TID_KEY]
+                assert got_base == base  # the server's, not a leftover thread's own
+                assert os.getpriority(os.PRIO_PROCESS, tid) == base + 7  # not 14
+                for t in left:
+                    if t != tid:  # the one not handed to this connection: given back
+                        assert os.getpriority(os.PRIO_PROCESS, t) == base
+                assert os.getpriority(os.PRIO_PROCESS, live_tid) == base + 7  # left alone
+            lowered.dispose()
+            assert os.getpriority(os.PRIO_PROCESS, tid) == base
+    finally:
+        lowered.dispose()
+        other.dispose()
+        plain.dispose()
