@@ -95,7 +95,17 @@ submit instead of 3.0-4.5 s), and end to end was no slower (bench.ab, two pairs)
 
 The stack lowers as much the database server's threads that serve the projector's connections
 (``HS_PROJECTOR_DB_NICE``, :mod:`services.common.dbnice`): the projector's inserts run there,
-and are most of the projection's CPU."""
+and are most of the projection's CPU.
+
+Where the kernel groups processes by session (``/proc/sys/kernel/sched_autogroup_enabled``, on
+by default in most distributions' kernels and on the machine these figures come from), a nice
+value orders a process only against the processes of its own session, and every service of
+this stack leads its own: there the projector's nice moves nothing between the services (two
+busy loops on one core in two sessions, one at nice 19: half each), and its database threads'
+nice orders them only against the server's other threads, ingest's queries among them.
+Lowering the projector's session as a group (``/proc/PID/autogroup``), the jobs' below it,
+cost end to end 13% more of the stack's CPU per job (docs/performance.md, 2026-12-02 from
+15:17): not done."""
 
 
 LOCAL_BUNCH_SLACK = 2048
