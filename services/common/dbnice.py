@@ -18,6 +18,11 @@ priority back. Live connections are left alone (another process's lowered ones a
 connection that was handed a leftover before any sweep keeps it while it lives.
 A server elsewhere, in another PID namespace or with neither column is left as it is: the
 connection works the same, at the server's priority.
+
+Where the kernel groups processes by session (autogroups), a thread's nice orders it only
+against the threads of its own session: here, the server's other threads, those serving other
+clients (ingest's queries) among them (docs/performance.md, "Priorities and the kernel's session
+groups").
 """
 
 from __future__ import annotations
