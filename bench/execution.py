@@ -113,7 +113,7 @@ async def _log_rate(log: LogSettings, batch_id: int) -> tuple[float, dict[str, f
                     ended += [(sj, mjc.start_time_ms, run, mjc.end_time_ms, at) for mjc in mjcs
                               if (sj := scheduled.get((mjc.job_id, mjc.attempt_id))) is not None
                               and mjc.start_time_ms is not None
-                              and (run := _main_start(mjc.status)) is not None]
+                              and (run := _main_start(mjc)) is not None]
     rate = 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
     return rate, _spans(ended, rate)
 
@@ -133,11 +133,12 @@ class _Status(msgspec.Struct):
 _status_doc = msgspec.json.Decoder(_Status)
 
 
-def _main_start(status: str | None) -> int | None:
-    """When the main container's process was started, from an MJC's status document."""
-    if status is None:
-        return None
-    main = _status_doc.decode(status).container_statuses.get("main")
+def _main_start(mjc: JobCompleted) -> int | None:
+    """When the main container's process was started: an MJC says it, or its status document
+    does."""
+    if mjc.main_start_ms is not None or mjc.status is None:
+        return mjc.main_start_ms
+    main = _status_doc.decode(mjc.status).container_statuses.get("main")
     running = None if main is None else main.timing.get("running")
     return None if running is None else running.start_time
 

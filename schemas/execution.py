@@ -90,6 +90,13 @@ class JobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
     ``status``), ``error`` a short human-readable error when the job did not run to an exit.
     ``start_reported`` is False when the attempt ended before the worker published its MJS:
     this MJC reports the start too (with ``start_time_ms`` and ``resources``).
+
+    The common attempt (only its main container, which ran to an exit: no error, no timeout,
+    not out of memory, not cancelled) carries no ``status``: its document follows from this
+    event's facts and ``main_start_ms``/``main_end_ms`` (when the main container's process
+    started and ended) and ``region`` (the worker's), as
+    ``services.worker.status.compact_status`` renders it for readers. Every other attempt
+    carries the whole document. Older logs carry the document in every MJC.
     """
 
     job_id: int
@@ -103,6 +110,9 @@ class JobCompleted(BatchEvent, frozen=True, kw_only=True, tag="job.completed"):
     resources: list[AttemptResource] = []
     status: str | None = None
     start_reported: bool = True
+    main_start_ms: int | None = None
+    main_end_ms: int | None = None
+    region: str | None = None
 
 
 class CompletedAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
@@ -118,6 +128,8 @@ class CompletedAttempt(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     resources: list[AttemptResource] = []
     status: str | None = None
     start_reported: bool = True
+    main_start_ms: int | None = None
+    main_end_ms: int | None = None
 
 
 class JobsCompleted(BatchEvent, frozen=True, kw_only=True, tag="jobs.completed"):
@@ -130,15 +142,17 @@ class JobsCompleted(BatchEvent, frozen=True, kw_only=True, tag="jobs.completed")
 
     instance_name: str
     attempts: list[CompletedAttempt]
+    region: str | None = None  # the instance's, as in each MJC
 
     def expand(self) -> list[JobCompleted]:
         """The bunch as single MJCs, in order."""
-        b, inst = self.batch_id, self.instance_name
+        b, inst, region = self.batch_id, self.instance_name, self.region
         return [JobCompleted(batch_id=b, job_id=a.job_id, attempt_id=a.attempt_id,
                              instance_name=inst, state=a.state, exit_code=a.exit_code,
                              error=a.error, start_time_ms=a.start_time_ms,
                              end_time_ms=a.end_time_ms, resources=a.resources, status=a.status,
-                             start_reported=a.start_reported)
+                             start_reported=a.start_reported, main_start_ms=a.main_start_ms,
+                             main_end_ms=a.main_end_ms, region=region)
                 for a in self.attempts]
 
     @classmethod
@@ -148,14 +162,16 @@ class JobsCompleted(BatchEvent, frozen=True, kw_only=True, tag="jobs.completed")
             raise ValueError("a bunch of MJCs needs at least one")
         first = completed[0]
         if any(c.batch_id != first.batch_id or c.instance_name != first.instance_name
-               for c in completed):
-            raise ValueError("the MJCs of a bunch share their batch and instance")
-        return cls(batch_id=first.batch_id, instance_name=first.instance_name, attempts=[
+               or c.region != first.region for c in completed):
+            raise ValueError("the MJCs of a bunch share their batch, instance and region")
+        return cls(batch_id=first.batch_id, instance_name=first.instance_name,
+                   region=first.region, attempts=[
             CompletedAttempt(job_id=c.job_id, attempt_id=c.attempt_id, state=c.state,
                              exit_code=c.exit_code, error=c.error,
                              start_time_ms=c.start_time_ms, end_time_ms=c.end_time_ms,
                              resources=c.resources, status=c.status,
-                             start_reported=c.start_reported)
+                             start_reported=c.start_reported, main_start_ms=c.main_start_ms,
+                             main_end_ms=c.main_end_ms)
             for c in completed])
 
 
@@ -286,6 +302,9 @@ class RawJobCompleted(_ResourcesUndecoded, frozen=True, kw_only=True, tag="job.c
     end_time_ms: int
     status: str | None = None
     start_reported: bool = True
+    main_start_ms: int | None = None
+    main_end_ms: int | None = None
+    region: str | None = None
 
 
 RAW_VIEWS: dict[type[Event], type[Event]] = {

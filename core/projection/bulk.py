@@ -79,6 +79,7 @@ _COMPLETE = frozenset({"Success", "Failed", "Error", "Cancelled"})
 _JOB_DEFAULTS: dict[str, Any] = {
     "cancelled": False, "cancel_reason": None, "exit_code": None, "attempt_id": None,
     "instance_name": None, "start_time_ms": None, "end_time_ms": None, "status": None,
+    "main_start_ms": None, "main_end_ms": None, "worker_region": None,
     "n_attempts": 0, "resource_usage": None}
 """Columns of ``jobs`` that execution sets, at their table defaults (every row gets all)."""
 
@@ -318,6 +319,9 @@ class _Fold:
             self._end(row, event.state, time_ms)
             row["exit_code"] = event.exit_code
             row["status"] = event.status
+            row["main_start_ms"] = event.main_start_ms
+            row["main_end_ms"] = event.main_end_ms
+            row["worker_region"] = event.region
             row["start_time_ms"] = start
             row["end_time_ms"] = end
             row["attempt_id"] = attempt_id

@@ -12,17 +12,19 @@ import json
 import time
 from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any
+from typing import Any, cast
 
-from core.billing import msec_mcpu
+from core.billing import msec_mcpu, resources_of_text
 from core.errors import BadRequest, NotFound
 from core.query import parse_batch_query, parse_job_query
 from core.status import batch_state, duration_ms, format_time_ms, group_state, humanize_ms
 from core.waiting import CANCELLED
+from schemas.base import AttemptResource
 from services.common.specstore import SpecStore
 from services.ingest import query_sql
 from services.ingest.store import Store
 from services.worker.logstore import LogStore, valid_name
+from services.worker.status import compact_status
 
 _GROUP = (
     "SELECT g.job_group_id, g.attributes, g.state, g.time_created_ms, g.time_completed_ms, "
@@ -40,8 +42,12 @@ _GROUP_COST = ("SELECT r.resource, SUM(a.resource_usage), SUM(a.resource_usage *
 _JOB = (
     "SELECT j.batch_id, j.job_id, j.job_group_id, j.state, j.exit_code, j.always_run, "
     "j.cores_mcpu, j.inst_coll, j.start_time_ms, j.end_time_ms, j.status, j.name, "
-    "j.cancelled, b.user, b.billing_project FROM jobs j JOIN batches b ON b.id = j.batch_id "
+    "j.cancelled, j.attempt_id, j.instance_name, j.main_start_ms, j.main_end_ms, "
+    "j.worker_region, a.resources AS attempt_resources, b.user, b.billing_project "
+    "FROM jobs j JOIN batches b ON b.id = j.batch_id "
     "JOIN batch_updates u ON u.batch_id = j.batch_id AND u.update_id = j.update_id "
+    "LEFT JOIN attempts a ON a.batch_id = j.batch_id AND a.job_id = j.job_id "
+    "AND a.attempt_id = j.attempt_id "
     "WHERE j.batch_id = :b AND j.job_id = :j AND u.committed")
 # Why a Ready job waits: its cancelled group (drained soon), else its own reason, else its
 # queue's (core/waiting.py). Three primary-key lookups; the first that exists wins.
@@ -56,6 +62,23 @@ _WAITING_STATES = frozenset({"Ready", "Creating"})
 _JOB_ATTRS = "SELECT attr_key, attr_value FROM job_attributes WHERE batch_id = :b AND job_id = :j"
 _ATTEMPTS = ("SELECT attempt_id, instance_name, start_time_ms, end_time_ms, reason FROM attempts "
              "WHERE batch_id = :b AND job_id = :j ORDER BY start_time_ms, attempt_id")
+
+
+def _status_doc(r: Any) -> dict[str, Any] | None:
+    """The job's status document: as its MJC carried it, else rendered from the facts a
+    compact MJC carried (:class:`schemas.execution.JobCompleted`), else None (not ended)."""
+    if r.status:
+        return cast(dict[str, Any], json.loads(r.status))
+    if r.main_start_ms is None or r.state not in ("Success", "Failed"):
+        return None
+    resources = [AttemptResource(resource=name, quantity=quantity) for name, quantity
+                 in resources_of_text(r.attempt_resources).items()]
+    return compact_status(
+        batch_id=int(r.batch_id), job_id=int(r.job_id), attempt_id=str(r.attempt_id),
+        user=str(r.user), worker=str(r.instance_name), region=r.worker_region,
+        state=r.state, exit_code=int(r.exit_code), start_time_ms=int(r.start_time_ms),
+        end_time_ms=int(r.end_time_ms), main_start_ms=int(r.main_start_ms),
+        main_end_ms=int(r.main_end_ms), resources=resources)
 
 
 def _now() -> int:
@@ -254,7 +277,7 @@ class Reads:
         cost_rows = [(str(c.resource), int(c.resource_usage), c.cost)
                      for c in self.store.rows(stmt, **params)]
         out = {**self._job_entry(r, cost_rows), "name": attrs.get("name"),
-               "status": json.loads(r.status) if r.status else None,
+               "status": _status_doc(r),
                "spec": self._spec(batch_id, job_id), "inst_coll": r.inst_coll,
                "waiting_reason": self._waiting_reason(r)}
         if attrs:

@@ -631,7 +631,9 @@ class Handler:
         self._end(b, row, event.state, now, {
             "exit_code": event.exit_code, "status": event.status,
             "start_time_ms": event.start_time_ms, "end_time_ms": event.end_time_ms,
-            "attempt_id": event.attempt_id, "instance_name": event.instance_name})
+            "attempt_id": event.attempt_id, "instance_name": event.instance_name,
+            "main_start_ms": event.main_start_ms, "main_end_ms": event.main_end_ms,
+            "worker_region": event.region})
 
     def _lost(self, event: AttemptLost, now: int) -> None:
         b, j = event.batch_id, event.job_id

@@ -73,7 +73,7 @@ from services.worker.runtime import (
     request_from_spec,
     time_ms,
 )
-from services.worker.status import job_completed, job_status
+from services.worker.status import compact_main, job_completed, job_status
 
 log = logging.getLogger(__name__)
 
@@ -373,8 +373,9 @@ class Worker:
             self._ended(attempt, ended)
             if attempt.abandoned:
                 return
+            outcomes = {} if outcome is None else {"main": outcome}
             doc = job_status(
-                spec=spec or {}, outcomes={} if outcome is None else {"main": outcome},
+                spec=spec or {}, outcomes=outcomes,
                 batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
                 user=job.user, worker=self._settings.instance_name,
                 region=self._settings.region, start_time_ms=start,
@@ -386,7 +387,8 @@ class Worker:
                 await attempt.started  # the log keeps MJS before MJC
             await self._report(job_completed(doc, instance_name=self._settings.instance_name,
                                              resources=job.resources,
-                                             start_reported=attempt.started is not None))
+                                             start_reported=attempt.started is not None,
+                                             compact=compact_main(spec or {}, outcomes, error)))
         except Exception:  # the attempt's top level: log what went wrong, keep the worker up
             log.exception("attempt %s failed in the worker", attempt.key)
         finally:

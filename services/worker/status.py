@@ -148,7 +148,8 @@ def job_status(
         "user": user,
         "state": state,
         "format_version": BATCH_FORMAT_VERSION,
-        "resources": [{"name": r.resource, "quantity": r.quantity} for r in resources],
+        "resources": [{"name": r.resource, "quantity": r.quantity}
+                      for r in sorted(resources, key=_by_name)],
         "region": region,
     }
     if error is not None:
@@ -201,15 +202,56 @@ def status_error(status: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _by_name(resource: AttemptResource) -> str:
+    return resource.resource
+
+
+def compact_main(spec: Mapping[str, Any], outcomes: Mapping[str, Outcome],
+                 error: str | None) -> Outcome | None:
+    """The main container's outcome when the attempt's document follows from its MJC's facts
+    (see :class:`JobCompleted`): the spec implies the main container alone, which ran to an
+    exit with no error, no timeout and enough memory. None for any other attempt."""
+    main = outcomes.get("main")
+    if (error is not None or main is None or main.exit_code is None
+            or main.state not in ("Success", "Failed") or main.error is not None
+            or main.short_error is not None or main.timed_out or main.out_of_memory
+            or len(outcomes) != 1 or spec_tasks(spec) != ("main",)):
+        return None
+    return main
+
+
+def compact_status(*, batch_id: int, job_id: int, attempt_id: str, user: str, worker: str,
+                   region: str | None, state: CompletedJobState, exit_code: int,
+                   start_time_ms: int, end_time_ms: int, main_start_ms: int, main_end_ms: int,
+                   resources: Iterable[AttemptResource] = ()) -> dict[str, Any]:
+    """The status document of an attempt whose MJC carried none (:func:`compact_main`), from
+    the MJC's facts: the document :func:`job_status` gave the worker for that attempt."""
+    main = Outcome(state=state, exit_code=exit_code, start_time_ms=main_start_ms,
+                   end_time_ms=main_end_ms)
+    return job_status(spec={}, outcomes={"main": main}, batch_id=batch_id, job_id=job_id,
+                      attempt_id=attempt_id, user=user, worker=worker, region=region,
+                      start_time_ms=start_time_ms, end_time_ms=end_time_ms,
+                      resources=resources)
+
+
 def job_completed(
     status: Mapping[str, Any],
     *,
     instance_name: str,
     resources: Iterable[AttemptResource] = (),
     start_reported: bool = True,
+    compact: Outcome | None = None,
 ) -> JobCompleted:
     """The MJC of an attempt, from its status document (which it carries as JSON text).
-    ``start_reported``: False if no MJS was published for the attempt."""
+    ``start_reported``: False if no MJS was published for the attempt. With ``compact`` (the
+    main container's outcome, from :func:`compact_main`), the MJC carries the facts the
+    document follows from instead of the document: its process's start and end, the region.
+
+    A no-op job's document was about 600 bytes of every MJC, which the broker stored, the
+    projector decoded and escaped, and MariaDB parsed and wrote into the job's row: without
+    it, the stack's own CPU per job was 4.5% lower end to end (bench.ab, 2026-12-02), the
+    database's alone about a fifth.
+    """
     return JobCompleted(
         batch_id=status["batch_id"],
         job_id=status["job_id"],
@@ -221,6 +263,9 @@ def job_completed(
         start_time_ms=status.get("start_time"),
         end_time_ms=status["end_time"],
         resources=list(resources),
-        status=msgspec.json.encode(status).decode(),
+        status=None if compact is not None else msgspec.json.encode(status).decode(),
         start_reported=start_reported,
+        main_start_ms=None if compact is None else compact.start_time_ms,
+        main_end_ms=None if compact is None else compact.end_time_ms,
+        region=status["region"],
     )

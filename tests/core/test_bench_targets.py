@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -24,6 +25,7 @@ from bench.machine import (
     uptime_s,
 )
 from bench.targets import DIAGNOSTIC, assess
+from schemas.execution import JobCompleted
 
 
 def by_figure(results: dict[str, dict[str, object]]) -> dict[str, tuple[str, bool | None]]:
@@ -317,9 +319,14 @@ def test_an_attempts_time_is_split_by_the_times_on_the_log() -> None:
                      "end_to_mjc": 28.5, "in_flight": 50.0}
     status = msgspec.json.encode({"state": "succeeded", "container_statuses": {"main": {
         "name": "main", "timing": {"running": {"start_time": 1_011, "finish_time": 1_012}}}}})
-    assert _main_start(status.decode()) == 1_011
-    assert _main_start(None) is None
-    assert _main_start('{"container_statuses": {"main": {"timing": {}}}}') is None
+    def mjc(**kw: Any) -> JobCompleted:
+        return JobCompleted(batch_id=1, job_id=1, attempt_id="a", instance_name="w",
+                            state="Success", exit_code=0, end_time_ms=1_013, **kw)
+
+    assert _main_start(mjc(status=status.decode())) == 1_011
+    assert _main_start(mjc(main_start_ms=1_011, main_end_ms=1_012)) == 1_011  # compact
+    assert _main_start(mjc()) is None
+    assert _main_start(mjc(status='{"container_statuses": {"main": {"timing": {}}}}')) is None
     assert _spans([], rate=1_000.0) == {}
     note = next(a.note for a in assess({"execution": {"log_jobs_per_s": 1000.0,
                                                       "attempt_ms": spans}})

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from schemas.base import AttemptResource, CompletedJobState
@@ -15,6 +15,8 @@ from services.worker.runtime import Outcome
 from services.worker.status import (
     api_exit_code,
     attempt_state,
+    compact_main,
+    compact_status,
     container_status,
     job_completed,
     job_status,
@@ -218,3 +220,68 @@ def test_exit_code_always_matches_the_client(outcomes: dict[str, Outcome]) -> No
     doc = _status(outcomes, spec)
     assert api_exit_code(doc) == _client_exit_code(doc)
     assert doc["state"] in ("succeeded", "failed", "error", "cancelled")
+
+
+_any_outcome = st.builds(
+    Outcome,
+    state=st.sampled_from(["Success", "Failed", "Error", "Cancelled"]),
+    exit_code=st.none() | st.integers(0, 255),
+    error=st.none() | st.text(max_size=20),
+    short_error=st.none() | st.sampled_from(["timed out", "executable not found"]),
+    timed_out=st.booleans(),
+    out_of_memory=st.booleans(),
+    start_time_ms=st.integers(0, 10**6),
+    end_time_ms=st.integers(10**6, 2 * 10**6),
+)
+_resources = st.lists(st.builds(AttemptResource, resource=st.sampled_from(
+    ["compute/n1-preemptible/1", "memory/n1-preemptible/1", "service-fee/1", "ip-fee/1024/1"]),
+    quantity=st.integers(1, 10**6)), unique_by=lambda r: r.resource, max_size=4)
+
+
+@settings(deadline=None)
+@given(st.dictionaries(st.sampled_from(["input", "main", "output"]), _any_outcome,
+                       min_size=1),
+       st.sampled_from([SPEC, {**SPEC, "input_files": FILES}, {**SPEC, "output_files": FILES}]),
+       st.none() | st.sampled_from(["worker error: disk full"]),
+       st.none() | st.sampled_from(["us-central1", "westus"]), _resources)
+def test_a_compact_mjc_renders_the_workers_document(
+        outcomes: dict[str, Outcome], spec: dict[str, Any], error: str | None,
+        region: str | None, resources: list[AttemptResource]) -> None:
+    """An MJC without its document carries all the document follows from: what the API
+    renders from the MJC's facts is the document the worker had. Every other MJC carries
+    the document itself."""
+    doc = job_status(spec=spec, outcomes=outcomes, batch_id=7, job_id=1, attempt_id="a1b2c3",
+                     user="alice", worker="worker-std-0001", region=region,
+                     start_time_ms=900, end_time_ms=4_000, resources=resources, error=error)
+    main = compact_main(spec, outcomes, error)
+    mjc = job_completed(doc, instance_name="worker-std-0001", resources=resources,
+                        compact=main)
+    assert mjc.region == region
+    if main is None:
+        assert mjc.status is not None and json.loads(mjc.status) == doc
+        assert mjc.main_start_ms is None and mjc.main_end_ms is None
+        return
+    only_main = set(outcomes) == {"main"} and spec_tasks(spec) == ("main",)
+    assert only_main and error is None and main.exit_code is not None
+    assert main.state in ("Success", "Failed") and not (main.timed_out or main.out_of_memory)
+    assert mjc.status is None and mjc.exit_code is not None and mjc.start_time_ms is not None
+    assert mjc.main_start_ms is not None and mjc.main_end_ms is not None
+    rendered = compact_status(
+        batch_id=mjc.batch_id, job_id=mjc.job_id, attempt_id=mjc.attempt_id, user="alice",
+        worker=mjc.instance_name, region=mjc.region, state=mjc.state, exit_code=mjc.exit_code,
+        start_time_ms=mjc.start_time_ms, end_time_ms=mjc.end_time_ms,
+        main_start_ms=mjc.main_start_ms, main_end_ms=mjc.main_end_ms,
+        resources=reversed(mjc.resources))  # read back by name, in any order
+    assert rendered == doc
+
+
+def test_the_common_attempt_is_compact() -> None:
+    """A job whose main container ran to an exit, alone and without error, is compact; a
+    timeout, a missing executable, a cancel, a worker error or a spec with files is not."""
+    assert compact_main(SPEC, {"main": SUCCESS}, None) == SUCCESS
+    assert compact_main(SPEC, {"main": FAILED}, None) == FAILED
+    for outcome in (TIMED_OUT, NOT_FOUND, CANCELLED):
+        assert compact_main(SPEC, {"main": outcome}, None) is None
+    assert compact_main(SPEC, {"main": SUCCESS}, "worker error: disk full") is None
+    assert compact_main({**SPEC, "output_files": FILES}, {"main": SUCCESS}, None) is None
+    assert compact_main(SPEC, {}, None) is None

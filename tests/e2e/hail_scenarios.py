@@ -239,7 +239,10 @@ def summary(status: dict[str, Any]) -> dict[str, Any]:
     main = ((status.get("status") or {}).get("container_statuses") or {}).get("main") or {}
     return {"state": status["state"], "exit_code": status.get("exit_code"),
             "error": (main.get("error") or (status.get("status") or {}).get("error")),
-            "main_state": main.get("state"), "timing": sorted(main.get("timing") or {})}
+            "main_state": main.get("state"), "timing": sorted(main.get("timing") or {}),
+            "container_exit_code": (main.get("container_status") or {}).get("exit_code"),
+            "document": {k: (status.get("status") or {}).get(k) for k in (
+                "state", "batch_id", "job_id", "user", "worker", "start_time")}}
 
 
 async def run_basic(c: aioclient.BatchClient) -> dict[str, Any]:

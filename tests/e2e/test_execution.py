@@ -23,6 +23,13 @@ def test_true_false_echo_missing_executable_and_timeout(running_system: System) 
     assert batch["time_completed"] is not None
     assert r["ok"]["state"] == "Success" and r["ok"]["exit_code"] == 0
     assert r["bad"]["state"] == "Failed" and r["bad"]["exit_code"] == 1
+    # Their MJCs carried no document (the common attempt): the API renders it from the facts.
+    for name, state, code in (("ok", "succeeded", 0), ("bad", "failed", 1)):
+        assert r[name]["main_state"] == state and r[name]["timing"] == ["running"]
+        assert r[name]["container_exit_code"] == code
+        doc = r[name]["document"]
+        assert doc["state"] == state and doc["batch_id"] == batch["id"]
+        assert doc["user"] and doc["worker"] and doc["start_time"]
     assert r["echo"]["state"] == "Success"
     assert r["missing"]["state"] == "Error"
     assert "/no/such/executable-hs" in r["missing"]["error"]

@@ -89,7 +89,11 @@ def mjc(b: int, j: int, a: str, state: str = "Success") -> JobCompleted:
     return JobCompleted(batch_id=b, job_id=j, attempt_id=a, instance_name="w1",
                         state=state,  # type: ignore[arg-type]
                         exit_code=0 if state == "Success" else 1, start_time_ms=T0 + 10,
-                        end_time_ms=T0 + 20, resources=RES, status='{"state": "done"}')
+                        end_time_ms=T0 + 20, resources=RES,
+                        # every other one compact: the facts its document follows from
+                        **({"status": '{"state": "done"}'} if j % 2 else {
+                            "main_start_ms": T0 + 11, "main_end_ms": T0 + 19,
+                            "region": "us-central1"}))
 
 
 def rounds(b: int) -> list[list[AnyEvent]]:

@@ -88,8 +88,11 @@ def mjc(b: int, j: int, a: str = "a1", state: str = "Success", end: int = T0 + 7
     return JobCompleted(batch_id=b, job_id=j, attempt_id=a, instance_name=f"w{j % 3}",
                         state=state,  # type: ignore[arg-type]
                         exit_code=0 if state == "Success" else 1, start_time_ms=T0 - 5_000,
-                        end_time_ms=end + j, resources=RES, status=f'{{"job": {j}}}',
-                        start_reported=start_reported)
+                        end_time_ms=end + j, resources=RES, start_reported=start_reported,
+                        # every other one compact: the facts its document follows from
+                        **({"status": f'{{"job": {j}}}'} if j % 2 else {
+                            "main_start_ms": T0 - 4_000 + j, "main_end_ms": end + j - 1,
+                            "region": None if j % 4 else "us-central1"}))
 
 
 def run(b: int, j: int, state: str = "Success", *, coalesced: bool = False) -> list[AnyEvent]:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from core.errors import BadRequest, NotFound
 from core.resources import default_config
-from schemas.base import JobResources
+from schemas.base import AttemptResource, JobResources
 from schemas.batch import JobRecord, JobsSubmitted
 from schemas.control import (
     BillingProjectCreated,
@@ -42,6 +42,8 @@ from services.ingest.reads import Reads
 from services.ingest.store import Store
 from services.projector.sink import Sink
 from services.worker.logstore import LocalLogStore
+from services.worker.runtime import Outcome
+from services.worker.status import job_status
 
 from .projection_helpers import T0, Stream, job, submission
 
@@ -57,9 +59,13 @@ def files_job(job_id: int) -> JobRecord:
                      spec=json.dumps(spec))
 
 
+RES = [AttemptResource(resource="service-fee/1", quantity=1000),
+       AttemptResource(resource="compute/n1-preemptible/1", quantity=1000)]
+
+
 def sj(j: int, a: str) -> JobScheduled:
     return JobScheduled(batch_id=1, job_id=j, attempt_id=a, instance_name="w1",
-                        inst_coll="standard", cores_mcpu=1000)
+                        inst_coll="standard", cores_mcpu=1000, resources=RES)
 
 
 def mjs(j: int, a: str, t: int) -> JobStarted:
@@ -98,8 +104,11 @@ def store(migrated_db: DatabaseSettings) -> Iterator[Store]:
         *submission(1, 1, SUBMITTED, create=True, user="alice"),
         sj(1, "a1"), mjs(1, "a1", 10), AttemptLost(batch_id=1, job_id=1, attempt_id="a1", **lost),
         sj(1, "a2"), mjs(1, "a2", 20),
+        # compact: no document, the facts it follows from
         JobCompleted(batch_id=1, job_id=1, attempt_id="a2", instance_name="w1",
-                     state="Success", exit_code=0, start_time_ms=T0 + 20, end_time_ms=T0 + 30),
+                     state="Success", exit_code=0, start_time_ms=T0 + 20, end_time_ms=T0 + 30,
+                     resources=RES, main_start_ms=T0 + 21, main_end_ms=T0 + 29,
+                     region="us-central1"),
         sj(3, "a1"), mjs(3, "a1", 10),
         sj(4, "a1"), mjs(4, "a1", 10), AttemptLost(batch_id=1, job_id=4, attempt_id="a1", **lost),
     ]))
@@ -125,6 +134,22 @@ def test_the_job_spec_comes_from_the_spec_store(store: Store, specs: LocalSpecSt
     # No spec storage (ingest stores none either): the job shows no spec, and is still read.
     without = Reads(store).job(1, 3, "alice")
     assert without["spec"] is None and without["state"] == "Running"
+
+
+def test_a_compact_mjcs_document_is_rendered_as_the_worker_had_it(
+        store: Store, specs: LocalSpecStore) -> None:
+    """Job 1's MJC carried no status document: the API shows the one the worker made."""
+    worker_doc = job_status(
+        spec=json.loads(job(1).spec), outcomes={"main": Outcome(
+            state="Success", exit_code=0, start_time_ms=T0 + 21, end_time_ms=T0 + 29)},
+        batch_id=1, job_id=1, attempt_id="a2", user="alice", worker="w1",
+        region="us-central1", start_time_ms=T0 + 20, end_time_ms=T0 + 30, resources=RES)
+    assert Reads(store, specs=specs).job(1, 1, "alice")["status"] == worker_doc
+    assert worker_doc["container_statuses"]["main"]["container_status"]["exit_code"] == 0
+    assert [r["name"] for r in worker_doc["resources"]] == [
+        "compute/n1-preemptible/1", "service-fee/1"]
+    # A job that has not ended has no document.
+    assert Reads(store, specs=specs).job(1, 3, "alice")["status"] is None
 
 
 def test_the_log_is_the_latest_attempts(store: Store, logs: LocalLogStore,

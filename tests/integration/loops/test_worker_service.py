@@ -36,6 +36,7 @@ from services.worker.logstore import LocalLogStore
 from services.worker.outbox import Outbox
 from services.worker.runtime import FileLogSink, time_ms
 from services.worker.service import _START_SWEEP_S, Worker, WorkerSettings
+from services.worker.status import compact_status
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +190,20 @@ async def test_attempts_report_start_then_completion(log_settings: LogSettings,
         (mjc,) = env.of(JobCompleted, job_id)
         assert (mjc.state, mjc.exit_code, mjc.attempt_id) == (state, exit_code, "a1")
         assert mjc.instance_name == "worker-1"
-        main = msgspec.json.decode(mjc.status)["container_statuses"]["main"]
+        if exit_code is not None:  # ran to an exit, main alone: the MJC carries no document
+            assert mjc.status is None and mjc.exit_code is not None
+            assert mjc.start_time_ms is not None and mjc.main_start_ms is not None
+            assert mjc.main_end_ms is not None
+            assert mjc.start_time_ms <= mjc.main_start_ms <= mjc.main_end_ms <= mjc.end_time_ms
+            doc = compact_status(
+                batch_id=mjc.batch_id, job_id=job_id, attempt_id="a1", user="alice",
+                worker=mjc.instance_name, region=mjc.region, state=mjc.state,
+                exit_code=mjc.exit_code, start_time_ms=mjc.start_time_ms,
+                end_time_ms=mjc.end_time_ms, main_start_ms=mjc.main_start_ms,
+                main_end_ms=mjc.main_end_ms, resources=mjc.resources)
+        else:
+            doc = msgspec.json.decode(mjc.status)
+        main = doc["container_statuses"]["main"]
         assert main.get("container_status", {}).get("exit_code") == exit_code
     assert "not supported" in (env.of(JobCompleted, 4)[0].error or "")
 
