@@ -110,9 +110,7 @@ def execution(batch_id: int, job: JobRecord, rnd: random.Random,
         JobCompleted(batch_id=batch_id, job_id=job.job_id, attempt_id=attempt,
                      instance_name=worker, state="Failed" if failed else "Success",
                      exit_code=1 if failed else 0, start_time_ms=start, end_time_ms=end,
-                     resources=resources,
-                     status=msgspec.json.encode({"state": "failed" if failed else "succeeded",
-                                                 "exit_code": 1 if failed else 0}).decode()),
+                     resources=resources, main_start_ms=start + 1, main_end_ms=end - 1),
     ]
 
 
