@@ -53,9 +53,9 @@ IDLE_S = 5.0
 
 async def _spawn_rate(n: int, concurrency: int) -> float:
     """``true`` processes started and reaped per second with ``concurrency`` in flight, by the
-    worker's own runtime (:class:`LocalProcessRuntime`, output to a log file, through the
-    worker's process spawner where it is built), so the ceiling is what a no-op job costs the
-    worker at least."""
+    worker's own runtime (:class:`LocalProcessRuntime`, output to a log file made on its first
+    byte as the worker's are, through the worker's process spawner where it is built), so the
+    ceiling is what a no-op job costs the worker at least."""
     limit = asyncio.Semaphore(concurrency)
     runtime = LocalProcessRuntime()
     logs = Path(tempfile.mkdtemp(prefix="hs-bench-spawn-"))
@@ -63,7 +63,7 @@ async def _spawn_rate(n: int, concurrency: int) -> float:
 
     async def one(i: int) -> None:
         async with limit:
-            with FileLogSink(logs, str(i % (2 * concurrency))) as sink:
+            with FileLogSink.lazy(f"{logs}/{i % (2 * concurrency)}.log") as sink:
                 outcome = await runtime.run(request, sink)
             if outcome.state != "Success":
                 raise RuntimeError(f"`true` did not succeed: {outcome}")

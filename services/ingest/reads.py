@@ -307,27 +307,31 @@ class Reads:
         rows = self.store.rows(_ATTEMPTS, b=batch_id, j=job_id)
         return [attempt_entry(r) for r in rows] or None
 
-    def _log_bytes(self, batch_id: int, job_id: int, attempt_id: str,
-                   container: str) -> bytes | None:
+    def _log_bytes(self, batch_id: int, job_id: int, attempt_id: str, container: str, *,
+                   started: bool) -> bytes | None:
+        """The log's bytes; none stored for the main container of a ``started`` attempt is
+        an empty log (a worker makes the file on the first byte), else None."""
         if self.logs is None or not valid_name(attempt_id):
             return None
-        return self.logs.read(batch_id, job_id, attempt_id, container)
+        data = self.logs.read(batch_id, job_id, attempt_id, container)
+        return b"" if data is None and started and container == "main" else data
 
     def log(self, batch_id: int, job_id: int, user: str) -> dict[str, str | None]:
         """The job's container logs (text) of its latest attempt: ``main``, plus ``input`` /
         ``output`` when the spec has files. A container without a log (the job has not run, or
-        not that far) is null."""
+        not that far) is null; the main log of a started attempt that wrote nothing (no file
+        is made for it) is empty."""
         spec = self.job(batch_id, job_id, user)["spec"] or {}
         containers = ["main"]
         if spec.get("input_files"):
             containers.append("input")
         if spec.get("output_files"):
             containers.append("output")
-        attempt_id = self.store.latest_attempt_id(batch_id, job_id)
+        latest = self.store.latest_attempt(batch_id, job_id)
         out: dict[str, str | None] = {}
         for container in containers:
-            data = None if attempt_id is None else self._log_bytes(
-                batch_id, job_id, attempt_id, container)
+            data = None if latest is None else self._log_bytes(
+                batch_id, job_id, latest[0], container, started=latest[1])
             out[container] = None if data is None else data.decode("utf-8", errors="replace")
         return out
 
@@ -349,11 +353,17 @@ class Reads:
             raise NotFound(f"job {batch_id}.{job_id} has no attempt {attempt_id}")
         if not attempts:
             raise NotFound(f"job {batch_id}.{job_id} has no {container} log: it has not run")
-        chosen = attempt_id or self.store.latest_attempt_id(batch_id, job_id)
-        data = None if chosen is None else self._log_bytes(batch_id, job_id, chosen, container)
+        if attempt_id is not None:
+            started = any(a["attempt_id"] == attempt_id and a["start_time_ms"] is not None
+                          for a in attempts)
+            chosen: tuple[str, bool] | None = (attempt_id, started)
+        else:
+            chosen = self.store.latest_attempt(batch_id, job_id)
+        data = None if chosen is None else self._log_bytes(batch_id, job_id, chosen[0],
+                                                           container, started=chosen[1])
         if data is None:
             raise NotFound(f"job {batch_id}.{job_id} has no {container} log: "
-                           f"none was stored for attempt {chosen}")
+                           f"none was stored for attempt {chosen[0] if chosen else None}")
         return data
 
     def require_int(self, value: str | None, what: str) -> int | None:

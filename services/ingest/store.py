@@ -44,8 +44,9 @@ POLL_MAX_S = 0.02
 # The attempt whose logs a job shows: the one the job row names (running, or the one that decided
 # its state), else the most recently started one, else one that never started.
 _LATEST_ATTEMPT = sa.text(
-    "SELECT a.attempt_id FROM attempts a JOIN jobs j ON j.batch_id = a.batch_id "
-    "AND j.job_id = a.job_id WHERE a.batch_id = :b AND a.job_id = :j "
+    "SELECT a.attempt_id, a.start_time_ms IS NOT NULL FROM attempts a "
+    "JOIN jobs j ON j.batch_id = a.batch_id AND j.job_id = a.job_id "
+    "WHERE a.batch_id = :b AND a.job_id = :j "
     "ORDER BY (a.attempt_id <=> j.attempt_id) DESC, a.start_time_ms IS NULL, "
     "a.start_time_ms DESC, a.attempt_id DESC LIMIT 1")
 _VISIBLE = (
@@ -288,7 +289,8 @@ class Store:
         return None if row is None else (Decimal(row[0]), Decimal(row[1]))
 
     # --- attempts ---------------------------------------------------------------------------
-    def latest_attempt_id(self, batch_id: int, job_id: int) -> str | None:
-        """The attempt whose logs the job shows (see ``_LATEST_ATTEMPT``), None if it has none."""
+    def latest_attempt(self, batch_id: int, job_id: int) -> tuple[str, bool] | None:
+        """The attempt whose logs the job shows (see ``_LATEST_ATTEMPT``) and whether it
+        started, None if the job has none."""
         row = self.one(_LATEST_ATTEMPT, b=batch_id, j=job_id)
-        return None if row is None else str(row[0])
+        return None if row is None else (str(row[0]), bool(row[1]))

@@ -85,10 +85,13 @@ class FileLogSink:
     job wrote. Close it (or use it as a context manager) when the container is done.
     """
 
+    _file: io.FileIO | None
+
     def __init__(self, directory: str | os.PathLike[str], name: str = "main") -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
         self._path = os.path.join(directory, f"{name}.log")
         self._file = open(self._path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+        self._handed_off = False
 
     @property
     def path(self) -> Path:
@@ -102,17 +105,56 @@ class FileLogSink:
         sink = cls.__new__(cls)
         sink._path = path
         sink._file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+        sink._handed_off = False
         return sink
 
+    @classmethod
+    def lazy(cls, path: str) -> FileLogSink:
+        """A log at ``path`` made (truncated, and its directory too) on the first write or
+        ``fileno()``: a job that writes nothing costs no file, the largest single cost of a
+        no-op job's worker. Closed unmade, it removes a file an earlier run left there, so the
+        log read afterwards is this run's (none) either way."""
+        sink = cls.__new__(cls)
+        sink._path = path
+        sink._file = None
+        sink._handed_off = False
+        return sink
+
+    @property
+    def unopened_path(self) -> str | None:
+        """The file's path while nothing has made it (a :meth:`lazy` sink), else None."""
+        return self._path if self._file is None and not self._handed_off else None
+
+    def hand_off(self) -> None:
+        """Something else (the process spawner) writes the file from here on, and makes it or
+        removes a stale one: closing this sink no longer removes it. (A write after all, of a
+        process that never started, makes the file.)"""
+        self._handed_off = True
+
+    def _open(self) -> io.FileIO:
+        try:
+            file = open(self._path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(self._path), exist_ok=True)
+            file = open(self._path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+        self._file = file
+        return file
+
     def write(self, data: bytes) -> None:
-        self._file.write(data)
+        (self._file or self._open()).write(data)
 
     def fileno(self) -> int:
-        """The file's descriptor: a local process writes its output here directly."""
-        return self._file.fileno()
+        """The file's descriptor (made now, if lazy): a local process writes its output here
+        directly."""
+        return (self._file or self._open()).fileno()
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+        elif not self._handed_off:
+            self._handed_off = True  # closed: nothing to remove a second time
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(self._path)
 
     def __enter__(self) -> FileLogSink:
         return self
@@ -330,8 +372,10 @@ class _Child:
 class LocalProcessRuntime:
     """Runs a container's command as a local process in a new session (its own process group).
 
-    A sink with a ``fileno()`` (a log file) becomes the process's stdout and stderr directly;
-    any other sink is fed from a pipe by the event loop.
+    A :meth:`FileLogSink.lazy` log file not made yet is handed to the process spawner, which
+    reads the process's output from a pipe and makes the file on the first byte; any other sink
+    with a ``fileno()`` (a log file) becomes the process's stdout and stderr directly; any
+    other sink is fed from a pipe by the event loop.
     """
 
     def __init__(self, settings: LocalRuntimeSettings | None = None, *,
@@ -354,6 +398,9 @@ class LocalProcessRuntime:
         if refused is not None:
             return self._start_error(start, *refused, log)
         loop = asyncio.get_running_loop()
+        if isinstance(log, FileLogSink) and log.unopened_path is not None \
+                and self._settings.spawner is not None:
+            return await self._run_logged(request, log, log.unopened_path, start, loop)
         fileno = getattr(log, "fileno", None)
         if callable(fileno):
             return await self._run(request, log, int(fileno()), None, start, loop)
@@ -370,6 +417,25 @@ class LocalProcessRuntime:
             return await self._run(request, log, write_fd, closed, start, loop)
         finally:
             transport.close()
+
+    async def _run_logged(self, request: RunRequest, log: FileLogSink, path: str, start: int,
+                          loop: asyncio.AbstractEventLoop) -> Outcome:
+        """Have the spawner start the process and write its output to ``path`` itself, making
+        the file only if there is output; Popen and the file opened here where it cannot."""
+        assert self._settings.spawner is not None
+        proc: _Child | HelperChild | None = None
+        try:
+            env = self._env(request)
+            proc = Spawner.for_loop(loop, self._settings.spawner).start(
+                request.command, env, request.cwd, log_path=path,
+                drain_s=self._settings.drain_timeout_s)
+            if proc is None:  # a request too big for the spawner
+                proc = _Child(_spawn(request, env, log.fileno()), loop)
+            else:
+                log.hand_off()
+        except OSError as e:
+            return self._start_error(start, *_failure(request, e), log)
+        return await self._supervise(proc, request, start, None, log)
 
     async def _run(self, request: RunRequest, log: LogSink, out_fd: int,
                    closed: asyncio.Future[None] | None, start: int,

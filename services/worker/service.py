@@ -345,6 +345,9 @@ class Worker:
         if key is None or not valid_name(container):
             return _error(404, "no such log")
         data = await asyncio.to_thread(self._store.read, *key, container)
+        if data is None and container == "main" and (key in self._attempts
+                                                      or key in self._finished):
+            data = b""  # an attempt here that has written nothing: its log is made lazily
         if data is None:
             return _error(404, "no such log")
         return web.Response(body=data, content_type="application/octet-stream")

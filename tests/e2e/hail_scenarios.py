@@ -261,6 +261,8 @@ async def run_basic(c: aioclient.BatchClient) -> dict[str, Any]:
         out[name] = summary(await job.status())
     out["log"] = await echo.log()
     out["container_log"] = (await echo.container_log("main")).decode()
+    out["silent_log"] = await ok.log()  # wrote nothing: the worker made no file for it
+    out["silent_container_log"] = (await ok.container_log("main")).decode()
     out["attempts"] = await echo.attempts()
     out["listed"] = states(await jobs_of(b.get_job_group(0)))
     return out

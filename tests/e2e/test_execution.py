@@ -37,6 +37,7 @@ def test_true_false_echo_missing_executable_and_timeout(running_system: System) 
     assert "ContainerTimeoutError" in r["timeout"]["error"]
     assert r["log"]["main"] == "hello\nbonjour\n"
     assert r["container_log"] == "hello\nbonjour\n"
+    assert r["silent_log"] == {"main": ""} and r["silent_container_log"] == ""
     (attempt,) = r["attempts"]
     assert attempt["start_time"] and attempt["end_time"] and attempt["attempt_id"]
     assert r["listed"] == {"1": "Success", "2": "Failed", "3": "Success", "4": "Error",

@@ -73,7 +73,7 @@ def mjs(j: int, a: str, t: int) -> JobStarted:
                       start_time_ms=T0 + t)
 
 
-SUBMITTED = [job(1), job(2), files_job(3), job(4)]
+SUBMITTED = [job(1), job(2), files_job(3), job(4), job(5), job(6)]
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,8 @@ def store(migrated_db: DatabaseSettings) -> Iterator[Store]:
     """Batch 1 of alice (project proj), projected by the sink:
 
     job 1: attempt a1 lost, a2 succeeded; job 2: never ran; job 3 (with input files): a1
-    running; job 4: a1 lost, not scheduled again.
+    running; job 4: a1 lost, not scheduled again; job 5: a1 started and has written nothing
+    (no log file: a worker makes it on the first byte); job 6: a1 scheduled, not started.
     """
     engine = sa.create_engine(migrated_db.url())
     sink = Sink(engine, "test-ingest-storage")
@@ -111,6 +112,7 @@ def store(migrated_db: DatabaseSettings) -> Iterator[Store]:
                      region="us-central1"),
         sj(3, "a1"), mjs(3, "a1", 10),
         sj(4, "a1"), mjs(4, "a1", 10), AttemptLost(batch_id=1, job_id=4, attempt_id="a1", **lost),
+        sj(5, "a1"), mjs(5, "a1", 10), sj(6, "a1"),
     ]))
     yield Store(engine, "test-ingest-storage")
     engine.dispose()
@@ -159,6 +161,8 @@ def test_the_log_is_the_latest_attempts(store: Store, logs: LocalLogStore,
     assert reads.log(1, 2, "alice") == {"main": None}  # never ran
     assert reads.log(1, 3, "alice") == {"main": "still running\n", "input": None}
     assert reads.log(1, 4, "alice") == {"main": "lost one\n"}  # the last attempt that started
+    assert reads.log(1, 5, "alice") == {"main": ""}  # started, no output yet: no file
+    assert reads.log(1, 6, "alice") == {"main": None}  # scheduled, not started
     # Without log storage, no job shows a log.
     assert Reads(store, specs=specs).log(1, 1, "alice") == {"main": None}
     with pytest.raises(NotFound):
@@ -174,9 +178,13 @@ def test_the_log_is_the_latest_attempts(store: Store, logs: LocalLogStore,
     (1, "main", "nope", NotFound("has no attempt nope")),
     (1, "input", None, NotFound("none was stored for attempt a2")),
     (2, "main", None, NotFound("it has not run")),
+    (5, "main", None, b""),
+    (5, "main", "a1", b""),
+    (6, "main", None, NotFound("none was stored for attempt a1")),
     (9, "main", None, NotFound("not found")),
 ], ids=["latest", "named", "earlier", "running", "unknown-container", "unknown-attempt",
-        "no-such-log", "not-run", "no-such-job"])
+        "no-such-log", "not-run", "started-no-output", "named-started-no-output",
+        "scheduled-not-started", "no-such-job"])
 def test_container_logs(store: Store, logs: LocalLogStore, job_id: int, container: str,
                         attempt_id: str | None, expected: bytes | Exception) -> None:
     reads = Reads(store, logs)

@@ -66,3 +66,27 @@ def test_names_that_could_escape_or_collide_are_refused(tmp_path: Path, attempt_
     with pytest.raises(ValueError, match="invalid"):
         store.read(1, 1, attempt_id, container)
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_log_is_made_on_its_first_byte_and_one_closed_unwritten_removes_a_stale_file(
+        tmp_path: Path) -> None:
+    store = LocalLogStore(tmp_path / "logs")
+    key = (3, 1, "a1", "main")
+    writer = store.writer(*key)
+    assert not (tmp_path / "logs").exists()  # nothing made for a log nothing wrote to yet
+    writer.write(b"first\n")
+    assert store.read(*key) == b"first\n"  # unbuffered: readable while it runs
+    writer.write(b"second\n")
+    writer.close()
+    assert store.read(*key) == b"first\nsecond\n"
+    # A rerun of the same attempt that writes nothing leaves no log of the run before.
+    rerun = store.writer(*key)
+    assert store.read(*key) == b"first\nsecond\n"  # not truncated until it writes or ends
+    rerun.close()
+    assert store.read(*key) is None
+    rerun.close()  # twice is harmless
+    # One whose descriptor is asked for (a process writes to it) is made, even if empty.
+    other = store.writer(3, 2, "a1", "main")
+    assert other.fileno() >= 0
+    other.close()
+    assert store.read(3, 2, "a1", "main") == b""

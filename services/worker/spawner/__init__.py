@@ -7,7 +7,9 @@ a pidfd, its epoll registration and a ``waitpid``. The helper (``hs_spawner.c``,
 of a few hundred kilobytes, waits for all of them through one ``signalfd``, and tells the worker
 over one ``SOCK_SEQPACKET`` socket: a start is one ``sendmsg`` (the job's output descriptor
 travels with it), its answer and its end one short packet each, read together by one loop
-reader.
+reader. A job whose log is a local file need not send a descriptor: the helper reads its
+output from a pipe into the file, made on the first byte (most short jobs write nothing, and a
+file's creation was the largest single cost of a no-op job's worker).
 
 One helper per event loop, started with the loop's first job and kept while the loop runs. If
 it dies, the jobs it was running are killed and fail (their end could no longer be known) and
@@ -46,6 +48,7 @@ job starts with ``Popen``."""
 
 _REPLY = struct.Struct("=cQi")
 _SPAWN = struct.Struct("=cQII")
+_SPAWN_LOGGED = struct.Struct("=cQIII")
 _FS_ENCODING = sys.getfilesystemencoding()  # what os.fsencode encodes with
 _KILL = struct.Struct("=cQi")
 
@@ -152,28 +155,39 @@ class Spawner:
             spawner.close()
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str,
-              out_fd: int) -> HelperChild | None:
-        """Have ``argv`` started in ``cwd`` with ``env``, ``out_fd`` as its stdout and stderr
-        (the helper holds its own copy once this returns). The child's ``exited`` says how it
-        ended, or holds the OSError its exec raised. None for a command and environment too
-        big for one packet (:data:`MAX_REQUEST`): start that one some other way."""
+              out_fd: int | None = None, *, log_path: str | None = None,
+              drain_s: float = 5.0) -> HelperChild | None:
+        """Have ``argv`` started in ``cwd`` with ``env``, and with ``out_fd`` as its stdout and
+        stderr (the helper holds its own copy once this returns), or with its output written
+        to the file ``log_path``, which the helper makes (and its directories) on the first
+        byte: its end is told once its output is all there, or ``drain_s`` after it ended if
+        something it left outside its group holds its output open. The child's ``exited``
+        says how it ended, or holds the OSError its exec raised. None for a command and
+        environment too big for one packet (:data:`MAX_REQUEST`): start that one some other
+        way."""
         if self._closed:
             raise SpawnerGone(errno.EPIPE, "the process spawner has ended")
+        if (out_fd is None) == (log_path is None):
+            raise ValueError("give exactly one of out_fd and log_path")
         self._next += 1
         key = self._next
         strings = [cwd, *argv, *[f"{k}={v}" for k, v in env.items()]]
+        if log_path is not None:
+            strings.insert(0, log_path)
         # One string, encoded once as os.fsencode encodes each (1.1 us a job less than a
         # pass per string): a null byte inside one shows as a separator too many.
         text = "\0".join(strings)
         if text.count("\0") != len(strings) - 1:
             raise ValueError("embedded null byte")  # as Popen says it
-        payload = b"".join((_SPAWN.pack(b"S", key, len(argv), len(env)),
-                            text.encode(_FS_ENCODING, "surrogateescape"), b"\0"))
+        header = (_SPAWN.pack(b"S", key, len(argv), len(env)) if out_fd is not None else
+                  _SPAWN_LOGGED.pack(b"L", key, len(argv), len(env),
+                                     min(int(drain_s * 1000), 2**32 - 1)))
+        payload = b"".join((header, text.encode(_FS_ENCODING, "surrogateescape"), b"\0"))
         if len(payload) > MAX_REQUEST:
             return None
         child = HelperChild(self, key, argv[0], self._loop.create_future())
         self._children[key] = child
-        self._send(payload, [out_fd])
+        self._send(payload, [] if out_fd is None else [out_fd])
         return child
 
     def signal_group(self, key: int, sig: int) -> None:

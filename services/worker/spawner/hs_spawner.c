@@ -10,13 +10,21 @@
  * Requests (one SOCK_SEQPACKET packet each, integers in native byte order):
  *   'S' u64 id, u32 argc, u32 envc, then NUL-terminated strings: cwd, argv[0..argc), env[0..envc);
  *       exactly one descriptor as ancillary data: the process's stdout and stderr.
+ *   'L' u64 id, u32 argc, u32 envc, u32 drain_ms, then NUL-terminated strings: log, cwd,
+ *       argv[0..argc), env[0..envc); no descriptor. The process's stdout and stderr are a pipe
+ *       this process reads into the file `log`, which it creates (truncated, and its missing
+ *       directories too) on the first byte: a job that writes nothing costs no file. A file
+ *       an earlier run left at `log` is removed when this one ends without output. The end
+ *       ('X') is told once the pipe has closed (every writer gone), or drain_ms after the
+ *       process ended while something it left outside its group still holds the pipe.
  *   'K' u64 id, i32 signal: signal the process group of attempt `id`, if its leader has not
  *       been reaped yet (a pid is never signalled after it could have been reused).
  * Replies (one packet each):
  *   'P' u64 id, i32 pid      started
  *   'E' u64 id, i32 errno    not started (the command not found, not executable, ...)
  *   'X' u64 id, i32 status   ended (the wait status, as waitpid gives it); whatever else was
- *                            left in its process group has been sent SIGKILL
+ *                            left in its process group has been sent SIGKILL, and its log
+ *                            ('L') is complete and closed
  * The worker's end of the socket closing (the worker exited) ends this process; its children
  * are left running in their own sessions, as the worker's shutdown kills what it must first.
  *
@@ -36,11 +44,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_PACKET (1 << 20)
@@ -49,12 +59,23 @@
 struct child {
     pid_t pid;
     uint64_t id;
+    int reaped;          /* its leader waited for: the pid is no longer this process's */
+    int status;          /* the wait status, once reaped */
+    int pipe_fd;         /* 'L': the read end of its output, until that closes; else -1 */
+    int log_fd;          /* 'L': the log file, from the first byte on; else -1 */
+    int log_failed;      /* the log file could not be made: its output is dropped */
+    uint32_t drain_ms;   /* 'L': how long the pipe may stay open once the process ended */
+    int64_t deadline_ms; /* reaped with the pipe open: when to stop waiting for its end */
+    char *log_path;      /* 'L': the log file's path; else NULL */
 };
 
-static struct child *children;
+static struct child **children;
 static size_t n_children, cap_children;
 static int sock = -1;
 static int devnull = -1;
+static int epfd = -1;
+/* epoll's tags of the two descriptors that are not a child's pipe */
+static char sock_tag, signal_tag;
 
 static void die(const char *what) {
     fprintf(stderr, "hs-spawner: %s: %s\n", what, strerror(errno));
@@ -75,23 +96,129 @@ static void reply(char kind, uint64_t id, int32_t value) {
     }
 }
 
-static void remember(pid_t pid, uint64_t id) {
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct child *remember(pid_t pid, uint64_t id) {
     if (n_children == cap_children) {
         cap_children = cap_children ? 2 * cap_children : 256;
         children = realloc(children, cap_children * sizeof *children);
         if (!children)
             die("realloc");
     }
-    children[n_children].pid = pid;
-    children[n_children].id = id;
-    n_children++;
+    struct child *c = calloc(1, sizeof *c);
+    if (!c)
+        die("calloc");
+    c->pid = pid;
+    c->id = id;
+    c->pipe_fd = c->log_fd = -1;
+    children[n_children++] = c;
+    return c;
 }
 
-static struct child *find_id(uint64_t id) {
+/* A child still running (unreaped), by attempt id. */
+static struct child *find_running(uint64_t id) {
     for (size_t i = 0; i < n_children; i++)
-        if (children[i].id == id)
-            return &children[i];
+        if (children[i]->id == id && !children[i]->reaped)
+            return children[i];
     return NULL;
+}
+
+/* Make the directories above `path` (as mkdir -p its dirname). */
+static void make_parents(const char *path) {
+    char dir[4096];
+    size_t n = strlen(path);
+    if (n >= sizeof dir)
+        return;
+    memcpy(dir, path, n + 1);
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0777) < 0 && errno != EEXIST)
+            return;
+        *p = '/';
+    }
+}
+
+static void write_log(struct child *c, const char *data, size_t n) {
+    if (c->log_failed)
+        return;
+    if (c->log_fd < 0) {
+        int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+        c->log_fd = open(c->log_path, flags, 0666);
+        if (c->log_fd < 0 && errno == ENOENT) {
+            make_parents(c->log_path);
+            c->log_fd = open(c->log_path, flags, 0666);
+        }
+        if (c->log_fd < 0) {
+            fprintf(stderr, "hs-spawner: %s: %s (the job's output is dropped)\n", c->log_path,
+                    strerror(errno));
+            c->log_failed = 1;
+            return;
+        }
+    }
+    while (n > 0) {
+        ssize_t w = write(c->log_fd, data, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "hs-spawner: %s: %s (the rest of the job's output is dropped)\n",
+                    c->log_path, strerror(errno));
+            c->log_failed = 1;
+            return;
+        }
+        data += w;
+        n -= (size_t)w;
+    }
+}
+
+/* Done with the child's pipe. Out of the epoll set first: closing it would not take it out
+ * while another process holds it, and a child being spawned does, for a moment after this
+ * process runs on (the kernel closes an exec's close-on-exec descriptors after it lets the
+ * vfork parent go): its end would be told again, of a child already forgotten. */
+static void close_pipe(struct child *c) {
+    if (epoll_ctl(epfd, EPOLL_CTL_DEL, c->pipe_fd, NULL) < 0)
+        die("epoll_ctl");
+    close(c->pipe_fd);
+    c->pipe_fd = -1;
+}
+
+/* Tell of the child's end, its log complete, and forget it. */
+static void finish(struct child *c) {
+    if (c->pipe_fd >= 0)
+        close_pipe(c);
+    if (c->log_fd >= 0)
+        close(c->log_fd);
+    else if (c->log_path && !c->log_failed)
+        unlink(c->log_path); /* an earlier run's, of the same attempt */
+    reply('X', c->id, c->status);
+    for (size_t i = 0; i < n_children; i++) {
+        if (children[i] == c) {
+            children[i] = children[--n_children];
+            break;
+        }
+    }
+    free(c->log_path);
+    free(c);
+}
+
+/* The child's pipe is readable (or closed): one read, so that no read blocks. */
+static void drain(struct child *c) {
+    static char buf[65536];
+    ssize_t n = read(c->pipe_fd, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN))
+        return;
+    if (n > 0) {
+        write_log(c, buf, (size_t)n);
+        return;
+    }
+    close_pipe(c); /* its end, or an error reading it */
+    if (c->reaped)
+        finish(c);
 }
 
 /* The executable for `name` as execvp finds it, in the PATH of the child's environment; a
@@ -137,17 +264,23 @@ static int resolve(const char *name, char **env, const char *cwd, char *out, siz
     return err;
 }
 
+/* A start: with `out_fd` as the output ('S'), or with a pipe read into a log file ('L',
+ * out_fd < 0). */
 static void spawn(const char *body, size_t size, int out_fd) {
+    int logged = out_fd < 0;
     uint64_t id;
-    uint32_t argc, envc;
-    if (size < sizeof id + 2 * sizeof argc) {
+    uint32_t argc, envc, drain_ms = 0;
+    size_t header = sizeof id + (logged ? 3 : 2) * sizeof argc;
+    if (size < header) {
         fprintf(stderr, "hs-spawner: short spawn request\n");
         exit(2);
     }
     memcpy(&id, body, sizeof id);
     memcpy(&argc, body + sizeof id, sizeof argc);
     memcpy(&envc, body + sizeof id + sizeof argc, sizeof envc);
-    const char *p = body + sizeof id + 2 * sizeof argc, *end = body + size;
+    if (logged)
+        memcpy(&drain_ms, body + sizeof id + 2 * sizeof argc, sizeof drain_ms);
+    const char *p = body + header, *end = body + size;
     if (argc == 0 || argc > MAX_STRINGS || envc > MAX_STRINGS) {
         reply('E', id, EINVAL);
         return;
@@ -155,19 +288,22 @@ static void spawn(const char *body, size_t size, int out_fd) {
     char **strings = calloc((size_t)argc + envc + 3, sizeof(char *));
     if (!strings)
         die("calloc");
-    const char *cwd = NULL;
+    const char *cwd = NULL, *log_path = NULL;
     size_t k = 0;
-    for (uint32_t i = 0; i < 1 + argc + envc; i++) {
+    uint32_t first = logged ? 2 : 1; /* the strings before argv */
+    for (uint32_t i = 0; i < first + argc + envc; i++) {
         const char *nul = memchr(p, '\0', (size_t)(end - p));
         if (!nul) {
             fprintf(stderr, "hs-spawner: malformed spawn request\n");
             exit(2);
         }
-        if (i == 0)
+        if (logged && i == 0)
+            log_path = p;
+        else if (i == first - 1)
             cwd = p;
         else
             strings[k++] = (char *)p;
-        if (i == argc) /* the argv's NULL, then the env */
+        if (i == first - 1 + argc) /* the argv's NULL, then the env */
             strings[k++] = NULL;
         p = nul + 1;
     }
@@ -175,6 +311,13 @@ static void spawn(const char *body, size_t size, int out_fd) {
 
     char path[4096];
     int err = resolve(argv[0], env, cwd, path, sizeof path);
+    int pipe_fds[2] = {-1, -1};
+    if (err == 0 && logged) {
+        if (pipe2(pipe_fds, O_CLOEXEC) < 0)
+            err = errno;
+        else
+            out_fd = pipe_fds[1];
+    }
     if (err == 0) {
         posix_spawn_file_actions_t actions;
         posix_spawnattr_t attr;
@@ -196,10 +339,25 @@ static void spawn(const char *body, size_t size, int out_fd) {
         posix_spawn_file_actions_destroy(&actions);
         posix_spawnattr_destroy(&attr);
         if (err == 0) {
-            remember(pid, id);
+            struct child *c = remember(pid, id);
+            if (logged) {
+                c->pipe_fd = pipe_fds[0];
+                c->drain_ms = drain_ms;
+                c->log_path = strdup(log_path);
+                if (!c->log_path)
+                    die("strdup");
+                struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+                if (epoll_ctl(epfd, EPOLL_CTL_ADD, c->pipe_fd, &ev) < 0)
+                    die("epoll_ctl");
+                pipe_fds[0] = -1;
+            }
             reply('P', id, pid);
         }
     }
+    if (pipe_fds[1] >= 0)
+        close(pipe_fds[1]); /* the child's now */
+    if (pipe_fds[0] >= 0)
+        close(pipe_fds[0]);
     if (err != 0)
         reply('E', id, err);
     free(strings);
@@ -214,7 +372,7 @@ static void signal_group(const char *body, size_t size) {
     }
     memcpy(&id, body, sizeof id);
     memcpy(&sig, body + sizeof id, sizeof sig);
-    struct child *c = find_id(id);
+    struct child *c = find_running(id);
     if (c)
         kill(-c->pid, sig);
 }
@@ -226,13 +384,17 @@ static void reap(void) {
         if (pid <= 0)
             return;
         for (size_t i = 0; i < n_children; i++) {
-            if (children[i].pid == pid) {
-                uint64_t id = children[i].id;
-                children[i] = children[--n_children];
+            struct child *c = children[i];
+            if (c->pid == pid && !c->reaped) {
+                c->reaped = 1;
+                c->status = status;
                 /* The group dies with its leader, killed here at once: while any of its
                  * processes lives, the group's id (the leader's pid) cannot be reused. */
                 kill(-pid, SIGKILL);
-                reply('X', id, status);
+                if (c->pipe_fd < 0)
+                    finish(c);
+                else /* its output may still be in the pipe, or the group about to close it */
+                    c->deadline_ms = now_ms() + c->drain_ms;
                 break;
             }
         }
@@ -272,6 +434,8 @@ static void serve_request(void) {
     }
     if (buf[0] == 'S' && nfds == 1)
         spawn(buf + 1, (size_t)n - 1, fds[0]);
+    else if (buf[0] == 'L' && nfds == 0)
+        spawn(buf + 1, (size_t)n - 1, -1);
     else if (buf[0] == 'K' && nfds == 0)
         signal_group(buf + 1, (size_t)n - 1);
     else {
@@ -302,20 +466,54 @@ int main(int argc, char **argv) {
     if (sfd < 0)
         die("signalfd");
     signal(SIGPIPE, SIG_IGN);
-    struct pollfd fds[2] = {{sock, POLLIN, 0}, {sfd, POLLIN, 0}};
+    epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (epfd < 0)
+        die("epoll_create1");
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &sock_tag};
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, sock, &ev) < 0)
+        die("epoll_ctl");
+    ev.data.ptr = &signal_tag;
+    if (epoll_ctl(epfd, EPOLL_CTL_ADD, sfd, &ev) < 0)
+        die("epoll_ctl");
+    struct epoll_event events[64];
     for (;;) {
-        if (poll(fds, 2, -1) < 0) {
+        /* Until the soonest deadline of a reaped child's pipe, if any. */
+        int timeout = -1;
+        int64_t now = -1;
+        for (size_t i = 0; i < n_children; i++) {
+            struct child *c = children[i];
+            if (!c->reaped)
+                continue;
+            if (now < 0)
+                now = now_ms();
+            int64_t left = c->deadline_ms > now ? c->deadline_ms - now : 0;
+            if (timeout < 0 || left < timeout)
+                timeout = (int)left;
+        }
+        int n = epoll_wait(epfd, events, 64, timeout);
+        if (n < 0) {
             if (errno == EINTR)
                 continue;
-            die("poll");
+            die("epoll_wait");
         }
-        if (fds[1].revents) {
-            struct signalfd_siginfo info;
-            while (read(sfd, &info, sizeof info) > 0) {
+        int requests = 0, hangup = 0;
+        for (int i = 0; i < n; i++) {
+            void *tag = events[i].data.ptr;
+            if (tag == &signal_tag) {
+                struct signalfd_siginfo info;
+                while (read(sfd, &info, sizeof info) > 0) {
+                }
+                reap();
+            } else if (tag == &sock_tag) {
+                if (events[i].events & EPOLLIN)
+                    requests = 1;
+                else
+                    hangup = 1;
+            } else {
+                drain(tag);
             }
-            reap();
         }
-        if (fds[0].revents & POLLIN) {
+        if (requests) {
             /* Several requests per wakeup: the worker sends a delivery's starts together. */
             for (int i = 0; i < 64; i++) {
                 struct pollfd one = {sock, POLLIN, 0};
@@ -323,8 +521,22 @@ int main(int argc, char **argv) {
                     break;
                 serve_request();
             }
-        } else if (fds[0].revents & (POLLHUP | POLLERR)) {
+        } else if (hangup) {
             return 0;
+        }
+        /* The pipes whose time is up: what escaped the group keeps them open. */
+        now = -1;
+        for (size_t i = 0; i < n_children;) {
+            struct child *c = children[i];
+            if (c->reaped && c->pipe_fd >= 0) {
+                if (now < 0)
+                    now = now_ms();
+                if (now >= c->deadline_ms) {
+                    finish(c); /* moves the last child to i */
+                    continue;
+                }
+            }
+            i++;
         }
     }
 }

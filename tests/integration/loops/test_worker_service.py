@@ -165,6 +165,10 @@ async def pids_in(path: Path, n: int = 1) -> list[int]:
     raise AssertionError(f"{path} never listed {n} pids")
 
 
+def _named(root: Path, name: str) -> list[Path]:
+    return list(root.rglob(name))
+
+
 async def test_attempts_report_start_then_completion(log_settings: LogSettings,
                                                      tmp_path: Path) -> None:
     jobs = {1: (spec("true"), "Success", 0), 2: (spec("false"), "Failed", 1),
@@ -177,6 +181,10 @@ async def test_attempts_report_start_then_completion(log_settings: LogSettings,
         assert await env.log(3, "a1") == (200, b"hello\n")
         assert (await env.log(3, "a1", "output"))[0] == 404
         assert (await env.log(3, "nope"))[0] == 404
+        # A job that wrote nothing has no file (made on the first byte) and an empty log.
+        assert await env.log(1, "a1") == (200, b"")
+        assert _named(tmp_path, "3+a1+main.log") and not _named(tmp_path, "1+a1+main.log")
+        assert (await env.log(1, "a1", "output"))[0] == 404
         async with env.http.get(f"{env.base}/healthcheck") as r:
             assert r.status == 200
             assert (await r.json())["free_mcpu"] == 4000

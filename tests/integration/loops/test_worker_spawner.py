@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.worker.runtime import (
+    FileLogSink,
     LocalProcessRuntime,
     LocalRuntimeSettings,
     MemoryLogSink,
@@ -29,8 +30,9 @@ def built() -> None:
     assert os.access(HELPER, os.X_OK), f"{HELPER} is not built: run make venv"
 
 
-def _runtime() -> LocalProcessRuntime:
-    return LocalProcessRuntime(LocalRuntimeSettings(spawner=HELPER, kill_grace_s=1.0))
+def _runtime(drain_timeout_s: float = 5.0) -> LocalProcessRuntime:
+    return LocalProcessRuntime(LocalRuntimeSettings(spawner=HELPER, kill_grace_s=1.0,
+                                                    drain_timeout_s=drain_timeout_s))
 
 
 def _spawner() -> Spawner:
@@ -210,3 +212,105 @@ async def test_a_null_byte_in_an_argument_or_the_environment_is_refused(
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+# Logs the spawner writes: the file made on the first byte.
+
+async def _logged(tmp_path: Path, script: str, *, timeout_s: float | None = None,
+                  drain_timeout_s: float = 5.0, log: Path | None = None
+                  ) -> tuple[str, int | None, Path]:
+    log = log or tmp_path / "logs" / "7" / "1+a1+main.log"  # directories not made yet
+    sink = FileLogSink.lazy(str(log))
+    try:
+        outcome = await _runtime(drain_timeout_s).run(RunRequest(
+            command=["sh", "-c", script], cwd=str(tmp_path), timeout_s=timeout_s), sink)
+    finally:
+        sink.close()
+    return outcome.state, outcome.exit_code, log
+
+
+async def test_the_spawner_makes_a_jobs_log_file_on_its_first_byte(tmp_path: Path) -> None:
+    script = "printf out; printf err >&2; head -c 200000 /dev/zero | tr '\\0' x; exit 4"
+    state, code, log = await _logged(tmp_path, script)
+    assert (state, code) == ("Failed", 4)
+    # In write order, stdout and stderr alike, more than one pipe's worth, all there by the end.
+    assert log.read_bytes() == b"outerr" + b"x" * 200000
+
+
+async def test_a_job_that_writes_nothing_leaves_no_file_and_no_stale_one(
+        tmp_path: Path) -> None:
+    state, code, log = await _logged(tmp_path, "exit 0")
+    assert (state, code) == ("Success", 0) and not log.exists()
+    assert not (tmp_path / "logs").exists()
+    log.parent.mkdir(parents=True)
+    log.write_bytes(b"an earlier run of this attempt\n")
+    state, code, _ = await _logged(tmp_path, "true")
+    assert state == "Success" and not log.exists()
+
+
+async def test_a_log_that_cannot_be_made_drops_the_output_not_the_job(tmp_path: Path) -> None:
+    (tmp_path / "logs").write_bytes(b"")  # a file where the directory should be
+    state, code, log = await _logged(tmp_path, "echo lost; exit 2")
+    assert (state, code) == ("Failed", 2) and not log.exists()
+
+
+async def test_output_held_open_outside_the_group_ends_the_job_after_the_drain_time(
+        tmp_path: Path) -> None:
+    """A process that left the job's session keeps the pipe open: the job ends drain_timeout_s
+    after its leader, with the output written until then."""
+    pid_file = tmp_path / "escaped"
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    state, code, log = await _logged(
+        tmp_path, f"setsid sh -c 'echo $$ > {pid_file}.new; mv {pid_file}.new {pid_file}; "
+        f"exec sleep 30' & while [ ! -e {pid_file} ]; do sleep 0.01; done; echo hi",
+        drain_timeout_s=0.5)
+    took = loop.time() - began
+    try:
+        assert (state, code) == ("Success", 0)
+        assert 0.45 <= took < 5
+        assert log.read_bytes() == b"hi\n"
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+async def test_a_timed_out_job_keeps_the_output_it_wrote(tmp_path: Path) -> None:
+    state, _, log = await _logged(tmp_path, "echo before; exec sleep 30", timeout_s=0.3)
+    assert state == "Error" and log.read_bytes() == b"before\n"
+
+
+async def test_a_command_that_is_not_there_says_so_in_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "1+a1+main.log"
+    sink = FileLogSink.lazy(str(log))
+    outcome = await _runtime().run(RunRequest(command=["no-such-command"], cwd=str(tmp_path)),
+                                   sink)
+    sink.close()
+    assert outcome.state == "Error"
+    assert outcome.error is not None and "no-such-command" in outcome.error
+    assert log.read_text() == outcome.error + "\n"
+
+
+async def test_many_jobs_at_once_each_get_their_own_output(tmp_path: Path) -> None:
+    """Starts interleaved with ends and reads: a pipe the spawner is done with is never read
+    again, even while a process being started still holds a copy of it."""
+    async def one(i: int) -> None:
+        log = tmp_path / "logs" / f"{i}+a1+main.log"
+        script = f"echo {i}" if i % 2 else "true"
+        state, code, _ = await _logged(tmp_path, script, log=log)
+        assert (state, code) == ("Success", 0)
+        assert (log.read_bytes() == f"{i}\n".encode()) if i % 2 else not log.exists()
+
+    for round in range(60):  # small groups: an end read while the next starts are fresh
+        await asyncio.gather(*(one(i) for i in range(round * 4, round * 4 + 4)))
+    await asyncio.gather(*(one(i) for i in range(1000, 1200)))
+    assert _spawner()._proc.returncode is None  # the spawner lived through it
+
+
+async def test_without_the_spawner_a_lazy_log_is_made_by_the_worker(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "1+a1+main.log"
+    sink = FileLogSink.lazy(str(log))
+    runtime = LocalProcessRuntime(LocalRuntimeSettings(spawner=None))
+    outcome = await runtime.run(RunRequest(command=["sh", "-c", "echo popen"],
+                                           cwd=str(tmp_path)), sink)
+    sink.close()
+    assert outcome.state == "Success" and log.read_bytes() == b"popen\n"
