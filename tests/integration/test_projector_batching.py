@@ -40,6 +40,7 @@ from schemas.infra import (
 from services.audit.tables import Comparison
 from services.common.log import Record
 from services.common.settings import DatabaseSettings
+from services.projector import sink as sink_module
 from services.projector.sink import Sink
 
 from .projection_helpers import T0, Stream, fresh_engines, job
@@ -196,9 +197,13 @@ def _bunch(events: list[AnyEvent]) -> AnyEvent:
     return JobsCompleted.of([e for e in events if isinstance(e, JobCompleted)])
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(("seed", "fold_chunk"), [(1, 500), (2, 500), (3, 7)])
 def test_big_transactions_equal_one_record_per_transaction(
-        engines: list[tuple[sa.Engine, str]], seed: int) -> None:
+        engines: list[tuple[sa.Engine, str]], seed: int, fold_chunk: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also while a transaction hands each chunk's statements to its pipeline and folds the
+    next (``FOLD_CHUNK``): the 700-record transactions split once at 500, or every 7."""
+    monkeypatch.setattr(sink_module, "FOLD_CHUNK", fold_chunk)
     (batched, batched_db), (single, single_db) = engines
     _empty(engines)
     records = _records(history(seed))
