@@ -9,10 +9,12 @@ process-spawn rate. Both stacks' broker keeps the log on SeaweedFS as ``make up`
 memory with ``--stack memory``. ``replay``: a
 generated log of ``--replay-jobs`` jobs replayed into a fresh database as the audit's rebuild does.
 ``scheduler-memory``: the scheduler's state of one committed batch of ``--sched-jobs`` jobs.
-With no scenario named, all run. Prints a table per scenario, the machine's speed during the
-run (``bench/machine.py``: this VM's speed varies by the hour, and the rates with it), then
-every performance target of issue 6 with the figure that judges it and whether it is met
-(``bench/targets.py``), and writes the same as JSON to bench/results/.
+``catchup`` (only when named): the projector applying a backlog of ``--catchup-jobs`` jobs'
+execution events, as it does behind a run of no-op jobs (``bench/catchup.py``).
+With no scenario named, all but ``catchup`` run. Prints a table per scenario, the machine's
+speed during the run (``bench/machine.py``: this VM's speed varies by the hour, and the rates
+with it), then every performance target of issue 6 with the figure that judges it and whether
+it is met (``bench/targets.py``), and writes the same as JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import (
+    catchup,
     cpu,
     execution,
     ingest_throughput,
@@ -90,7 +93,8 @@ def _speed(sampler: machine.Sampler, t0: float, until: float = float("inf"),
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("scenarios", nargs="*",
-                        help="log, ingest, execution, replay, scheduler-memory (default: all)")
+                        help="log, ingest, execution, replay, scheduler-memory (default: all "
+                             "of these), catchup")
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--jobs", type=int, default=1_000_000)  # the target's batch
     parser.add_argument("--exec-jobs", type=int, default=100_000)  # the target's batch
@@ -99,6 +103,10 @@ def main() -> None:
                         help="replay: the rebuild's default lanes only (as bench.ab --scenario "
                              "replay runs it), or also one lane and the sink's lanes (all)")
     parser.add_argument("--sched-jobs", type=int, default=10_000_000)
+    parser.add_argument("--catchup-jobs", type=int, default=50_000)
+    parser.add_argument("--catchup-bunch", type=int, default=catchup.BUNCH,
+                        help="catchup: jobs a record of SJs or MJCs carries (1: an SJ, MJS "
+                             "and MJC a job)")
     parser.add_argument("--submit-only", action="store_true",
                         help="ingest: only the big submit and its CPU (no client alone, status "
                              "reads or cancel), as bench.ab --scenario ingest runs it")
@@ -110,7 +118,7 @@ def main() -> None:
     args = parser.parse_args()
     known = ["log", "ingest", "execution", "replay", "scheduler-memory"]
     scenarios = args.scenarios or known
-    unknown = set(scenarios) - set(known)
+    unknown = set(scenarios) - {*known, "catchup"}
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}: choose from {', '.join(known)}")
     results: dict[str, dict[str, object]] = {}
@@ -157,6 +165,12 @@ def main() -> None:
             results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
                                            args.replay_jobs, marker=marker, modes=modes)
         results["replay"] |= _speed(sampler, t0)
+    if "catchup" in scenarios:
+        t0 = time.monotonic()
+        with ExitStack() as stack:
+            results["catchup"] = catchup.run(args.bootstrap or _broker(stack, args.durable),
+                                             args.catchup_jobs, bunch=args.catchup_bunch)
+        results["catchup"] |= _speed(sampler, t0)
     if "scheduler-memory" in scenarios:
         results["scheduler-memory"] = scheduler_memory.run(args.sched_jobs)
     speed: dict[str, float | int | str] = {**sampler.stop(), "python": machine.interpreter()}
