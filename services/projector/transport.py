@@ -22,12 +22,21 @@ it then moved the position, and faust's own read offset, past what the projectio
 faust dropped every record it read below that offset. A restart after a record that stopped the
 projector sat idle past it (seen under CI's load). The app's seek wins: faust's seek to the
 committed offsets puts every partition the app has sought back where the app sought it.
+
+The consumer lives on faust's consumer thread, and aiokafka is not thread-safe, but faust seeks
+from the app's loop (``Consumer.seek`` calls the thread's ``seek`` there). A seek drops the
+records the fetcher holds for the partition, and one that ran while the consumer thread was
+handing those records out crashed the projector (``KeyError`` in aiokafka's
+``fetched_records``: every time it started behind a backlog, in ``bench/catchup.py``). Seeks
+and the bookkeeping that goes with them run on the consumer thread's loop, in the order asked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -71,18 +80,37 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return fetched
 
     def seek(self, partition: TP, offset: int) -> None:
+        self._on_thread(self._seek_here, partition, offset)
+
+    def _seek_here(self, partition: TP, offset: int) -> None:
         self._sought[partition] = offset
         self._moved(partition, offset)
         super().seek(partition, offset)
 
+    def _on_thread(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn`` on the consumer thread: now if this is it, else as soon as its loop
+        turns (before anything ``call_thread`` queues after this call)."""
+        try:
+            here = asyncio.get_running_loop() is self.thread_loop
+        except RuntimeError:
+            here = False
+        if here or not self.thread_loop.is_running():
+            fn(*args)
+        else:
+            self.thread_loop.call_soon_threadsafe(fn, *args)
+
     async def seek_to_committed(self) -> Any:
         # faust's recovery; the app may seek before it, or while it awaits the broker.
         committed = dict(await super().seek_to_committed())
-        for tp, offset in list(self._sought.items()):
-            if tp in committed:
-                self._ensure_consumer().seek(tp, offset)
-                self._moved(tp, offset)
-                committed[tp] = offset
+
+        async def app_wins() -> None:
+            for tp, offset in list(self._sought.items()):
+                if tp in committed:
+                    self._ensure_consumer().seek(tp, offset)
+                    self._moved(tp, offset)
+                    committed[tp] = offset
+
+        await self.call_thread(app_wins)
         return committed
 
     async def _seek_wait(self, consumer: Any, partitions: Any) -> None:
