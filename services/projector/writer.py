@@ -467,6 +467,8 @@ class Writer:
 
     def _flush(self) -> None:
         pending, self._pending = self._pending, []
+        if self._deferred:
+            pending = self._into_inserts(pending)
         # Open runs of inserts/upserts by shape. Tables have no foreign keys, so writes to
         # different tables commute: only a write of another shape to the same table closes a run.
         runs: dict[tuple[object, ...], list[InsertIgnore | Upsert]] = {}
@@ -501,6 +503,51 @@ class Writer:
                 by_columns.setdefault(tuple(values), []).append((row, values))
             for columns, rows_ in by_columns.items():
                 self._bulk_update(table, DEFERRED_KEYS[table], columns, rows_)
+
+    def _into_inserts(self, pending: list[Op]) -> list[Op]:
+        """``pending`` with the deferred updates of rows it inserts folded into those inserts.
+
+        An SJ inserts an attempt's row and its MJC, often in the same transaction, updates it:
+        one ``INSERT ... ON DUPLICATE KEY UPDATE`` of the updated columns is the same as the
+        insert (ignoring a row that exists) followed by the update, and MariaDB writes the row
+        once instead of twice. Only for a table whose pending writes are all plain inserts:
+        a deferred update was held back past every insert of its row (an insert of a deferred
+        row undefers it), and nothing else pending may touch the row in between. Inserts of
+        one table with different keys commute, so the merged rows go after the others.
+        """
+        tables = {op.table for op in pending
+                  if isinstance(op, InsertIgnore) and op.table in self._deferred}
+        if not tables:
+            return pending
+        tables -= {op.table for op in pending if not isinstance(op, InsertIgnore)}
+        if not tables:
+            return pending
+        out: list[Op] = []
+        merged: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[Row]] = {}
+        for op in pending:
+            if not isinstance(op, InsertIgnore) or op.table not in tables:
+                out.append(op)
+                continue
+            deferred, key_of = self._deferred[op.table], _KEY_OF[op.table]
+            plain: list[Row] = []
+            for row in op.rows:
+                try:
+                    values = deferred.pop(key_of(row), None)
+                except KeyError:  # a row without every key column
+                    values = None
+                if values is None:
+                    plain.append(row)
+                    continue
+                update = tuple(sorted(values))
+                row = {**{c: v for c, v in row.items() if c not in values},
+                       **{c: values[c] for c in update}}
+                merged.setdefault((op.table, tuple(row), update), []).append(row)
+            if len(plain) == len(op.rows):
+                out.append(op)
+            elif plain:
+                out.append(InsertIgnore(op.table, plain))
+        out += [Upsert(table, rows, update) for (table, _, update), rows in merged.items()]
+        return out
 
     def _bulk_update(self, table: str, keys: tuple[str, ...], columns: tuple[str, ...],
                      rows: Sequence[tuple[tuple[Value, ...], Row]]) -> None:

@@ -149,6 +149,34 @@ def test_many_rows_with_the_same_columns_are_one_statement(engine: sa.Engine) ->
             trans.rollback()
 
 
+def test_rows_inserted_and_updated_in_one_flush_are_written_once(engine: sa.Engine) -> None:
+    """An SJ's attempt row and its MJC's update, in one transaction: one upsert of the
+    merged rows beside one insert of the rows nobody updated, not an insert and an update."""
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            conn.execute(sa.text("INSERT INTO attempts (batch_id, job_id, attempt_id, "
+                                 "instance_name, end_time_ms) VALUES (:b, 1, 'a', 'old', 5)"),
+                         {"b": B})
+            writer = Writer(conn)
+            writer.emit([InsertIgnore("attempts", [
+                {"batch_id": B, "job_id": j, "attempt_id": "a", "instance_name": "w"}
+                for j in range(1, 11)])])
+            for j in range(1, 11, 2):  # job 1's row exists: its update still applies
+                writer.update_row("attempts", (B, j, "a"), {"start_time_ms": j})
+                writer.update_row("attempts", (B, j, "a"), {"end_time_ms": 100 + j})
+            writer.flush()
+            assert writer.statements == 2
+            got = conn.execute(sa.text(
+                "SELECT job_id, instance_name, start_time_ms, end_time_ms FROM attempts "
+                "WHERE batch_id = :b ORDER BY job_id"), {"b": B}).all()
+            assert [tuple(r) for r in got] == [
+                (j, "old" if j == 1 else "w", j if j % 2 else None,
+                 100 + j if j % 2 else None) for j in range(1, 11)]
+        finally:
+            trans.rollback()
+
+
 @pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
 @pytest.mark.parametrize("value", [*TRICKY, "x" * 100, None])
 def test_literals_round_trip(engine: sa.Engine, value: str | None,
