@@ -149,7 +149,7 @@ _CHILD_RANGE = sa.text(
     "SELECT parent_id, job_id FROM job_parents WHERE batch_id = :b "
     "AND parent_id BETWEEN :lo AND :hi")
 _LOAD_CHUNK = 5_000
-_LOAD_WINDOW = 512
+_LOAD_WINDOW = 8192
 _GROUP_PROGRESS = _t(
     "SELECT c.job_group_id, c.n_jobs, c.n_completed, g.state FROM job_group_job_counts c "
     "JOIN job_groups g ON g.batch_id = c.batch_id AND g.job_group_id = c.job_group_id "
