@@ -5,7 +5,7 @@ last job's end when it fell behind through the run (docs/performance.md, "The pr
 tail"). This scenario measures that regime alone: the real projector process
 (``python -m services.projector``, as the stack runs it, with the one-machine stack's fetch
 wait) on a generated log (:mod:`bench.replay`'s batches, users and billed attempts). The
-projector first applies the submissions and stops; the execution events are then appended as
+projector first applies the submissions; the execution events are then appended at once as
 the live stack publishes a no-op job's (the SJs of ``bunch`` jobs as one ``JobsScheduled``,
 their MJCs as one ``JobsCompleted``, no MJS; ``bunch`` 1: an SJ, MJS and MJC a job, as
 :mod:`bench.replay`'s log has them), and the projector is started again on that backlog.
@@ -22,6 +22,7 @@ import os
 import random
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -161,19 +162,18 @@ def run(bootstrap: str, n_jobs: int = 50_000, batch_size: int = 10_000, bunch: i
             proc = _start(log, db, data_dir, marker, 1)
             try:
                 _wait(engine, consumer, _backlog_end(log), proc)
-            finally:
-                _stop(proc)
-            asyncio.run(replay._publish(log, execution))
-            end = _backlog_end(log)
-            start = _applied(engine, consumer)
-            proc = _start(log, db, data_dir, marker, 2)
-            try:
+                start = _applied(engine, consumer)
+                publishing = threading.Thread(target=asyncio.run,
+                                              args=(replay._publish(log, execution),))
+                publishing.start()
                 while (first := _applied(engine, consumer)) == start:
                     _check(proc)
                     time.sleep(POLL_S / 4)
                 window = cpu.Window(f"HS_BENCH_MARKER={marker}".encode(), children=False)
                 window.start()
                 t0 = time.perf_counter()
+                publishing.join()
+                end = _backlog_end(log)
                 _wait(engine, consumer, end, proc)
                 seconds = time.perf_counter() - t0
                 counted = end - first

@@ -9,7 +9,7 @@ record twice, and a record is never lost: exactly-once in effect (DESIGN invaria
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import sqlalchemy as sa
@@ -80,6 +80,26 @@ class MySQLOffsetStore:
                 for (t, p), o in ends.items()
             ])
             return len(fresh), result
+
+    def lock(self, conn: sa.Connection, consumer: str, parts: Iterable[tuple[str, int]]
+             ) -> dict[tuple[str, int], int]:
+        """Lock ``consumer``'s positions on ``parts`` in ``conn``'s transaction (made if
+        missing, at 0) and return them: what :meth:`apply` does first."""
+        now = time.time_ns() // 1_000_000
+        stored: dict[tuple[str, int], int] = {}
+        for topic, partition in sorted(parts):  # sorted: a fixed lock order, so no deadlocks
+            key = {"consumer": consumer, "topic": topic, "partition": partition}
+            conn.execute(_ENSURE, {**key, "now": now})
+            stored[(topic, partition)] = int(conn.execute(_LOCK, key).one().next_offset)
+        return stored
+
+    def save(self, conn: sa.Connection, consumer: str, ends: dict[tuple[str, int], int]
+             ) -> None:
+        """Store ``consumer``'s next offsets, in ``conn``'s transaction (after :meth:`lock`)."""
+        now = time.time_ns() // 1_000_000
+        conn.execute(_SAVE, [
+            {"consumer": consumer, "topic": t, "partition": p, "next_offset": o, "now": now}
+            for (t, p), o in ends.items()])
 
     def set_position(self, conn: sa.Connection, consumer: str, topic: str, partition: int,
                      next_offset: int) -> None:

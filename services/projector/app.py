@@ -41,7 +41,7 @@ from services.common.log import Record
 from services.common.metrics import MetricsServer
 from services.common.settings import PROJECTOR_CONSUMER, Settings
 from services.projector import metrics
-from services.projector.sink import Applied, Sink
+from services.projector.sink import Applied, Sink, Stale
 from services.projector.transport import use_transport
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,10 @@ fault (110,000-126,000 a run, a few microseconds each on this VM at a fast hour,
 slow one). At 128 (50 MB of bunches) execution batches still fill as before: the agent
 takes a few hundred reports a transaction at 1,900 jobs/s. Measured pairs are in
 docs/performance.md. ``HS_PROJECTOR_STREAM_BUFFER`` overrides it."""
+
+SETTLE_BEHIND_S = 0.5
+"""How long a transaction committing behind may go unawaited with no batch after it before
+the projector waits for its commit on its own (:func:`create_app`)."""
 
 STOP_GRACE_S = 20.0
 """How long a projector that hit a record it cannot apply waits for faust's orderly shutdown
@@ -211,7 +215,7 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
     while True:
         try:
             return await asyncio.to_thread(sink.apply, records)
-        except sa.exc.OperationalError as e:
+        except (sa.exc.OperationalError, Stale) as e:
             log.warning("database unavailable, retrying in %.1fs: %s", delay, e)
             await asyncio.sleep(delay)
             delay = min(delay * 2, max_delay_s)
@@ -250,7 +254,7 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
         stream_buffer_maxsize=stream_buffer,
     )
     use_transport(app, s.fetch_max_wait_ms)
-    sink = Sink(engine, consumer=f"{s.topic_prefix}{name}")
+    sink = Sink(engine, consumer=f"{s.topic_prefix}{name}", commit_behind=True)
     logical = {s.topic(t): t for t in PROJECTED_TOPICS}
 
     async def seek_to_stored(sender: Any, /, *args: Any, signal: Any, **_: Any) -> None:
@@ -307,6 +311,21 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
     # instead; a restart seeks to the offsets stored with the projection and stops at the same
     # record, until an operator deals with it.
     app.agent(channel, name="project", supervisor_strategy=CrashingSupervisor)(project)
+
+    async def settle_behind() -> None:
+        # A big transaction commits while the next one folds (Sink's commit_behind): when no
+        # next one comes, its commit's outcome is waited for here, and a failed one applied
+        # again (apply_with_retry), instead of on the next batch.
+        while True:
+            await asyncio.sleep(SETTLE_BEHIND_S)
+            if sink.behind_for() >= SETTLE_BEHIND_S:
+                try:
+                    await apply_with_retry(sink, [])
+                except Exception:
+                    log.exception("a transaction committed behind failed; the next batch "
+                                  "applies it again")
+
+    app.task(settle_behind)
 
     if metrics_port is not None:
         def assigned() -> set[tuple[str, int]]:

@@ -7,10 +7,13 @@ number, so concurrent projector instances never write the same counter row.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import sqlalchemy as sa
@@ -32,6 +35,37 @@ about twice the time its own CPU took, as both waited on each other (docs/perfor
 "The projector's tail")."""
 
 
+BEHIND_MIN_JOBS = 1_000
+"""Jobs' worth of records (:func:`weight`) from which a transaction of a sink that commits
+behind (``commit_behind``) is committed while the next one folds; smaller ones commit before
+``apply`` returns, as every transaction did. A projector behind a backlog takes thousands
+of jobs a transaction, and its Python and MariaDB took turns: one folded while the other
+wrote (``bench catchup``: the machine 52% busy)."""
+
+
+def weight(event: object) -> int:
+    """About how many jobs' rows a record's event writes: a bunch's attempts or jobs, else 1."""
+    many = getattr(event, "attempts", None)
+    if many is None:
+        many = getattr(event, "jobs", None)
+    return len(many) if many else 1
+
+
+class Stale(Exception):
+    """A transaction folded on the positions the one before it was to store found others."""
+
+
+@dataclass
+class _Behind:
+    """A transaction whose statements and COMMIT are queued on the sink's chain."""
+
+    conn: sa.Connection
+    records: list[Record]
+    """Every record its ``apply`` was given: applied again if the commit fails."""
+    done: Future[None]
+    since: float
+
+
 @dataclass
 class Applied:
     """What one call of :meth:`Sink.apply` did."""
@@ -48,7 +82,7 @@ class Sink:
     """Folds records into the projection database, storing offsets with the rows."""
 
     def __init__(self, engine: sa.Engine, consumer: str, *,
-                 max_cached_jobs: int = DEFAULT_MAX_JOBS) -> None:
+                 max_cached_jobs: int = DEFAULT_MAX_JOBS, commit_behind: bool = False) -> None:
         self._store = MySQLOffsetStore(engine)
         self.engine = engine
         self.consumer = consumer
@@ -61,6 +95,18 @@ class Sink:
         """Bumped by forget(); a cache from an older generation is dropped before use."""
         self._seen: dict[tuple[str, int], int] = {}
         self._pipelines = threading.local()
+        # Committing behind (one applying thread at a time: the projector's agent).
+        self._commit_behind = commit_behind
+        self._lock = threading.Lock()
+        self._chain = Pipeline()
+        """Every statement of every transaction in order, so one runs only after the one
+        before it committed."""
+        self._behind: _Behind | None = None
+        self._positions: dict[tuple[str, int], int] = {}
+        """Next offsets as the last transaction queued will store them (generation below)."""
+        self._positions_generation = 0
+        self._redo: list[Record] = []
+        """Records of a transaction committed behind whose commit failed: applied first."""
 
     def forget(self) -> None:
         """Drop everything cached before its partition's next transaction: partitions were
@@ -72,8 +118,22 @@ class Sink:
     def store(self) -> MySQLOffsetStore:
         return self._store
 
+    def behind_for(self) -> float:
+        """Seconds since the transaction committing behind was queued (0: none is)."""
+        behind = self._behind
+        return 0.0 if behind is None else time.monotonic() - behind.since
+
     def apply(self, records: Sequence[Record]) -> Applied:
-        """Apply the records not applied before; their offsets are stored in the same commit."""
+        """Apply the records not applied before; their offsets are stored in the same commit.
+
+        A sink made with ``commit_behind`` may return while a big transaction's statements
+        and commit still run: the next ``apply`` folds meanwhile and waits for that commit
+        before it queues its own, and raises that commit's failure (the retried call applies
+        the failed transaction's records first). ``apply([])`` waits for it.
+        """
+        if self._commit_behind:
+            with self._lock:
+                return self._apply_chained(list(records))
         if not records:
             return Applied()
         try:
@@ -86,6 +146,140 @@ class Sink:
         result = stats or Applied()
         result.records, result.fresh = len(records), fresh
         return result
+
+    def _apply_chained(self, records: list[Record]) -> Applied:
+        redo, self._redo = self._redo, []
+        try:
+            if redo:
+                self._settle()  # none is behind once a commit failed; for clarity
+                return self._apply_locked([*redo, *records], len(records))
+            if not records:
+                self._settle()
+                return Applied()
+            expected = self._expected(records)
+            if expected is None:
+                self._settle()
+                return self._apply_locked(records, len(records))
+            return self._apply_ahead(records, expected)
+        except BaseException:
+            self._redo = redo + self._redo  # the failed commit's records came after redo's
+            raise
+
+    def _expected(self, records: list[Record]) -> dict[tuple[str, int], int] | None:
+        """The positions the transaction behind will store, if one is behind and they cover
+        every partition of ``records``."""
+        if self._behind is None or self._positions_generation != self._generation:
+            return None
+        try:
+            return {key: self._positions[key] for key in {(r.topic, r.partition)
+                                                          for r in records}}
+        except KeyError:
+            return None
+
+    def _settle(self) -> None:
+        """Wait for the transaction behind to commit; its failure is raised, its records kept
+        to apply first."""
+        behind, self._behind = self._behind, None
+        if behind is None:
+            return
+        try:
+            self._chain.settled(behind.done)
+        except BaseException:
+            self._failed(behind)
+            raise
+        behind.conn.close()
+
+    def _failed(self, behind: _Behind | None, *conns: sa.Connection) -> None:
+        """After a failure on the chain: nothing queued runs any more, the connections roll
+        back, and every cache and position is dropped (folds ran on the failed one's).
+        ``behind``: a transaction an earlier ``apply`` returned for, whose commit failed: its
+        records are applied first next time (the failed call's own are its caller's to
+        retry)."""
+        self._chain.drain()
+        for conn in (*conns, *([behind.conn] if behind else [])):
+            conn.close()  # rolls back what it did not commit
+        if behind is not None:
+            self._redo += behind.records
+        for cache in self._caches.values():
+            cache.clear()
+        self._positions.clear()
+
+    def _apply_locked(self, records: list[Record], given: int) -> Applied:
+        """Lock the stored positions first (none is behind), then fold; a big transaction is
+        committed behind."""
+        conn = self.engine.connect()
+        try:
+            trans = conn.begin()
+            stored = self._store.lock(conn, self.consumer, {(r.topic, r.partition)
+                                                           for r in records})
+            fresh = [r for r in records if r.offset >= stored[(r.topic, r.partition)]]
+            if not fresh:
+                trans.commit()
+                conn.close()
+                return Applied(records=given)
+            return self._finish(conn, trans, records, fresh, given, stored)
+        except BaseException:
+            self._failed(None, conn)
+            raise
+
+    def _apply_ahead(self, records: list[Record], expected: dict[tuple[str, int], int]
+                     ) -> Applied:
+        """Fold while the transaction behind commits, on the positions it is to store; the
+        chain checks them (locked) before this transaction's first statement runs."""
+        behind = self._behind
+        assert behind is not None
+        fresh = [r for r in records if r.offset >= expected[(r.topic, r.partition)]]
+        if not fresh:  # in the transaction behind, or before it
+            self._settle()
+            return Applied(records=len(records))
+        conn = self.engine.connect()
+        try:
+            trans = conn.begin()
+            self._chain.submit(functools.partial(self._check, conn, expected))
+            return self._finish(conn, trans, records, fresh, len(records), expected,
+                                behind=behind)
+        except BaseException:
+            self._behind = None
+            self._chain.drain()
+            if behind.done.exception() is None:
+                behind.conn.close()  # committed: only this one failed
+                self._failed(None, conn)
+            else:
+                self._failed(behind, conn)
+            raise
+
+    def _check(self, conn: sa.Connection, expected: dict[tuple[str, int], int]) -> None:
+        stored = self._store.lock(conn, self.consumer, list(expected))
+        if stored != expected:
+            raise Stale(f"positions {stored} where the transaction before stored {expected}")
+
+    def _finish(self, conn: sa.Connection, trans: sa.RootTransaction, records: list[Record],
+                fresh: list[Record], given: int, start: dict[tuple[str, int], int],
+                behind: _Behind | None = None) -> Applied:
+        """Fold ``fresh`` on the chain, store the positions and commit: behind if the
+        transaction is big, else before returning. ``behind``: the transaction before, whose
+        commit this one waits for before it may be behind in turn."""
+        later = sum(weight(r.envelope.event) for r in fresh) >= BEHIND_MIN_JOBS
+        stats = self._fold_with(Writer(conn, self._chain), conn, fresh, wait=False)
+        ends = dict(start)
+        for r in fresh:
+            ends[(r.topic, r.partition)] = max(ends[(r.topic, r.partition)], r.offset + 1)
+        self._chain.submit(functools.partial(self._store.save, conn, self.consumer, ends))
+        done = self._chain.submit(trans.commit)
+        if behind is not None:
+            self._chain.settled(behind.done)  # raises its failure: this one is skipped
+        if behind is not None:
+            behind.conn.close()
+            self._behind = None
+        if not later:
+            self._chain.settled(done)  # a failure: the caller's except rolls this one back
+            conn.close()
+        else:
+            self._behind = _Behind(conn, records, done, time.monotonic())
+            self._positions.update(ends)
+            self._positions_generation = self._generation
+        stats.records, stats.fresh = given, len(fresh)
+        return stats
 
     def _pipeline(self) -> Pipeline:
         """The applying thread's own statement pipeline (replay lanes apply in parallel)."""
@@ -102,8 +296,8 @@ class Sink:
             pipeline.drain()  # the statements still running use conn: before the rollback
             raise
 
-    def _fold_with(self, writer: Writer, conn: sa.Connection, records: list[Record]
-                   ) -> Applied:
+    def _fold_with(self, writer: Writer, conn: sa.Connection, records: list[Record], *,
+                   wait: bool = True) -> Applied:
         stats = Applied()
         by_partition: dict[tuple[str, int], list[Record]] = defaultdict(list)
         for r in records:
@@ -120,7 +314,7 @@ class Sink:
                         stats.skipped_tags += 1
             handler.settle()  # the outbox rows of this partition's completions
             cache.trim(self._max_cached_jobs // len(self._caches))
-        writer.flush()
+        writer.flush(wait=wait)
         stats.statements = writer.statements
         stats.by_tag = Counter(r.envelope.tag for r in records)
         return stats

@@ -293,6 +293,10 @@ def rendered(tuples: Iterable[Iterable[object]], render: Callable[[object], str]
         yield out
 
 
+class Skipped(Exception):
+    """A pipeline's statement not run because one before it failed."""
+
+
 class Pipeline:
     """Runs one writer's statements on a thread of its own, in order.
 
@@ -309,14 +313,18 @@ class Pipeline:
         self._futures: list[Future[None]] = []
         self._failed = False
 
-    def submit(self, fn: Callable[[], object]) -> None:
+    def submit(self, fn: Callable[[], object]) -> Future[None]:
+        """Run ``fn`` after everything submitted before it; its future fails if ``fn`` raised
+        or was skipped (:class:`Skipped`) after an earlier failure."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="projector-sql")
-        self._futures.append(self._executor.submit(self._run, fn))
+        future = self._executor.submit(self._run, fn)
+        self._futures.append(future)
+        return future
 
     def _run(self, fn: Callable[[], object]) -> None:
         if self._failed:
-            return
+            raise Skipped("an earlier statement of the pipeline failed")
         try:
             fn()
         except BaseException:
@@ -335,6 +343,22 @@ class Pipeline:
         self._failed = False
         if first is not None:
             raise first
+
+    def settled(self, future: Future[None]) -> None:
+        """Wait for ``future`` (one this pipeline returned) and raise its failure; once it
+        succeeded, so did everything submitted before it, which :meth:`wait` then skips."""
+        try:
+            future.result()
+        except Skipped:
+            before = self._futures[:self._futures.index(future)] if (
+                future in self._futures) else []
+            for f in before:  # raise what made it skip
+                e = f.exception()
+                if e is not None and not isinstance(e, Skipped):
+                    raise e from None
+            raise
+        if future in self._futures:  # else a wait() took it already
+            del self._futures[:self._futures.index(future) + 1]
 
     def drain(self) -> None:
         """Wait for every statement submitted, whatever happened (before a rollback)."""

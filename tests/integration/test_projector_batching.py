@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -197,19 +198,77 @@ def _bunch(events: list[AnyEvent]) -> AnyEvent:
     return JobsCompleted.of([e for e in events if isinstance(e, JobCompleted)])
 
 
-@pytest.mark.parametrize(("seed", "fold_chunk"), [(1, 500), (2, 500), (3, 7)])
+@pytest.mark.parametrize(("seed", "fold_chunk", "behind"),
+                         [(1, 500, False), (2, 500, False), (3, 7, False), (6, 500, True),
+                          (7, 7, True)])
 def test_big_transactions_equal_one_record_per_transaction(
-        engines: list[tuple[sa.Engine, str]], seed: int, fold_chunk: int,
+        engines: list[tuple[sa.Engine, str]], seed: int, fold_chunk: int, behind: bool,
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Also while a transaction hands each chunk's statements to its pipeline and folds the
-    next (``FOLD_CHUNK``): the 700-record transactions split once at 500, or every 7."""
+    next (``FOLD_CHUNK``): the 700-record transactions split once at 500, or every 7; and
+    while each commits as the next one folds (``behind``, as the projector applies)."""
     monkeypatch.setattr(sink_module, "FOLD_CHUNK", fold_chunk)
-    (batched, batched_db), (single, single_db) = engines
+    monkeypatch.setattr(sink_module, "BEHIND_MIN_JOBS", 100)
+    (batched, _), _ = engines
     _empty(engines)
     records = _records(history(seed))
-    sink = Sink(batched, f"batched-{seed}")
+    sink = Sink(batched, f"batched-{seed}", commit_behind=behind)
     for i in range(0, len(records), 700):
         sink.apply(records[i:i + 700])
+    sink.apply([])  # waits for the last commit behind
+    assert sink.behind_for() == 0
+    _same_as_one_record_at_a_time(engines, records, seed)
+
+
+class _Once:
+    """Raises ``error`` on the ``nth`` call, else calls ``fn``."""
+
+    def __init__(self, fn: Callable[..., Any], nth: int, error: Exception) -> None:
+        self.fn, self.nth, self.error, self.calls = fn, nth, error, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.nth:
+            raise self.error
+        return self.fn(*args, **kwargs)
+
+
+@pytest.mark.parametrize("failure", ["check", "save", "fold"])
+def test_a_transaction_behind_that_fails_is_applied_again(
+        engines: list[tuple[sa.Engine, str]], failure: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction committing behind fails after its ``apply`` returned: its positions were
+    not what the one before stored (``check``), or its statements failed (``save``), or the
+    next one's fold failed while it committed (``fold``). The next ``apply`` raises, and
+    retried, applies the failed transaction's records first: nothing lost, nothing twice."""
+    monkeypatch.setattr(sink_module, "BEHIND_MIN_JOBS", 100)
+    (batched, _), _ = engines
+    _empty(engines)
+    records = _records(history(8))
+    sink = Sink(batched, "behind-fails", commit_behind=True)
+    if failure == "check":
+        monkeypatch.setattr(sink, "_check", _Once(sink._check, 2, sink_module.Stale("test")))
+    elif failure == "save":
+        monkeypatch.setattr(sink.store, "save", _Once(
+            sink.store.save, 3, sa.exc.OperationalError("UPDATE", {}, Exception("gone"))))
+    else:
+        monkeypatch.setattr(sink, "_fold_with", _Once(
+            sink._fold_with, 3, sa.exc.OperationalError("SELECT", {}, Exception("gone"))))
+    raised = 0
+    for i in [*range(0, len(records), 150), None]:
+        batch = [] if i is None else records[i:i + 150]
+        try:
+            sink.apply(batch)
+        except (sink_module.Stale, sa.exc.OperationalError):
+            raised += 1
+            sink.apply(batch)  # as the projector retries
+    assert raised == 1
+    _same_as_one_record_at_a_time(engines, records, 8)
+
+
+def _same_as_one_record_at_a_time(engines: list[tuple[sa.Engine, str]],
+                                  records: list[Record], seed: int) -> None:
+    (batched, batched_db), (single, single_db) = engines
     one = Sink(single, f"single-{seed}")
     for r in records:
         one.apply([r])
