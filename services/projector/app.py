@@ -14,6 +14,7 @@ it even when faust's orderly shutdown hangs on the broker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -123,11 +124,31 @@ UNAWAITED: tuple[type, ...] = (JobScheduled, JobsScheduled, JobStarted, JobCompl
 """Events no client waits to see applied: the scheduler's and the workers' reports."""
 
 
-def lingers(records: Sequence[Record]) -> bool:
+BEHIND_S = 1.0
+"""How old the newest record of a batch is when the projector counts as behind the log and
+applies it without lingering: what the wait would gather is there already. Records reach it
+up to 0.2 s old when it keeps up on the one-machine stack (a worker's outbox, the broker's
+fetch wait)."""
+
+
+def lagging(records: Sequence[Record], now_ms: int) -> bool:
+    """Whether the newest of ``records`` was made :data:`BEHIND_S` or more before ``now_ms``:
+    the projector is behind the log. It then neither lingers (:func:`lingers`) nor keeps
+    the transactions' fixed costs down by committing each before it takes the next batch
+    (the sink commits a big one behind)."""
+    return bool(records) and now_ms - max(r.envelope.time_ms for r in records) >= (
+        BEHIND_S * 1000)
+
+
+def lingers(records: Sequence[Record], now_ms: int | None = None) -> bool:
     """Whether a batch may wait before it is applied: a batch short of :data:`BATCH_SIZE` made
-    only of :data:`UNAWAITED` events."""
-    return 0 < len(records) < BATCH_SIZE and all(
-        isinstance(r.envelope.event, UNAWAITED) for r in records)
+    only of :data:`UNAWAITED` events, not :func:`lagging` (when ``now_ms`` is given). A
+    projector behind a log of single SJs, MJSs and MJCs applied 2,900 records a second, as
+    each batch of some 200 waited (``bench catchup --catchup-bunch 1``)."""
+    if not (0 < len(records) < BATCH_SIZE) or not all(
+            isinstance(r.envelope.event, UNAWAITED) for r in records):
+        return False
+    return now_ms is None or not lagging(records, now_ms)
 
 
 def _milliseconds(env: Mapping[str, str], name: str, default_s: float) -> float:
@@ -204,7 +225,7 @@ def _records(events: Iterable[Any], logical: dict[str, str]
 
 
 async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: float = 0.2,
-                           max_delay_s: float = 10.0) -> Applied:
+                           max_delay_s: float = 10.0, lagging: bool = True) -> Applied:
     """Apply records, retrying while the database is unreachable.
 
     Retrying is safe: the sink skips what a failed attempt may have committed (offsets are
@@ -214,7 +235,8 @@ async def apply_with_retry(sink: Sink, records: list[Record], *, first_delay_s: 
     delay = first_delay_s
     while True:
         try:
-            return await asyncio.to_thread(sink.apply, records)
+            return await asyncio.to_thread(functools.partial(sink.apply, records,
+                                                             lagging=lagging))
         except (sa.exc.OperationalError, Stale) as e:
             log.warning("database unavailable, retrying in %.1fs: %s", delay, e)
             await asyncio.sleep(delay)
@@ -293,11 +315,12 @@ def create_app(settings: Settings, engine: sa.Engine, *, name: str = PROJECTOR_C
 
     async def apply_part(events: Sequence[Any]) -> None:
         records, undecodable = _records(events, logical)
-        if linger_s > 0 and undecodable is None and lingers(records):
+        now_ms = time.time_ns() // 1_000_000
+        if linger_s > 0 and undecodable is None and lingers(records, now_ms):
             # Events queue in the stream meanwhile: the next batch takes them all.
             await asyncio.sleep(linger_s)
         started = time.perf_counter()
-        applied = await apply_with_retry(sink, records)
+        applied = await apply_with_retry(sink, records, lagging=lagging(records, now_ms))
         metrics.observe(applied, time.perf_counter() - started)
         log.debug("applied %d/%d records in %d statements", applied.fresh,
                   applied.records, applied.statements)

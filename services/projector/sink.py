@@ -106,6 +106,7 @@ class Sink:
         """Next offsets as the last transaction queued will store them (generation below)."""
         self._positions_generation = 0
         self._redo: list[Record] = []
+        self._lagging = True
         """Records of a transaction committed behind whose commit failed: applied first."""
 
     def forget(self) -> None:
@@ -123,16 +124,18 @@ class Sink:
         behind = self._behind
         return 0.0 if behind is None else time.monotonic() - behind.since
 
-    def apply(self, records: Sequence[Record]) -> Applied:
+    def apply(self, records: Sequence[Record], *, lagging: bool = True) -> Applied:
         """Apply the records not applied before; their offsets are stored in the same commit.
 
-        A sink made with ``commit_behind`` may return while a big transaction's statements
+        A sink made with ``commit_behind`` may return while a big transaction (of records the
+        caller says are ``lagging`` behind the log) has its statements
         and commit still run: the next ``apply`` folds meanwhile and waits for that commit
         before it queues its own, and raises that commit's failure (the retried call applies
         the failed transaction's records first). ``apply([])`` waits for it.
         """
         if self._commit_behind:
             with self._lock:
+                self._lagging = lagging
                 return self._apply_chained(list(records))
         if not records:
             return Applied()
@@ -259,7 +262,8 @@ class Sink:
         """Fold ``fresh`` on the chain, store the positions and commit: behind if the
         transaction is big, else before returning. ``behind``: the transaction before, whose
         commit this one waits for before it may be behind in turn."""
-        later = sum(weight(r.envelope.event) for r in fresh) >= BEHIND_MIN_JOBS
+        later = self._lagging and sum(weight(r.envelope.event) for r in fresh
+                                      ) >= BEHIND_MIN_JOBS
         stats = self._fold_with(Writer(conn, self._chain), conn, fresh, wait=False)
         ends = dict(start)
         for r in fresh:

@@ -37,6 +37,7 @@ from services.projector.app import (
     batch_within_s,
     create_app,
     execution_linger_s,
+    lagging,
     lingers,
     stream_buffer,
     transactions,
@@ -116,6 +117,13 @@ def test_only_batches_of_execution_reports_linger() -> None:
         assert not lingers(_records([reports[0], other])), type(other).__name__
     # A full batch is big enough already.
     assert not lingers(_records(reports[:1] * BATCH_SIZE))
+    # Records a second old: the projector is behind, and what it would wait for is there.
+    newest = max(r.envelope.time_ms for r in _records(reports))
+    assert lingers(_records(reports), newest + 999)
+    assert not lingers(_records(reports), newest + 1_000)
+    assert not lingers(_records(reports), newest + 60_000)
+    assert lagging(_records(reports), newest + 1_000)
+    assert not lagging(_records(reports), newest + 999) and not lagging([], newest + 9_999)
 
 
 def _event(i: int, size: int) -> SimpleNamespace:

@@ -246,10 +246,10 @@ async def test_apply_with_retry_survives_an_unreachable_database(
     calls = 0
     real = Sink(engine, "retry")
 
-    def flaky(recs: list) -> object:  # type: ignore[type-arg]
+    def flaky(recs: list, *, lagging: bool = True) -> object:  # type: ignore[type-arg]
         nonlocal calls
         calls += 1
-        return (sink if calls < 3 else real).apply(recs)
+        return (sink if calls < 3 else real).apply(recs, lagging=lagging)
 
     class Flaky:
         apply = staticmethod(flaky)
