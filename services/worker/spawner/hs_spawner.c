@@ -19,7 +19,8 @@
  *       process ended while something it left outside its group still holds the pipe.
  *   'K' u64 id, i32 signal: signal the process group of attempt `id`, if its leader has not
  *       been reaped yet (a pid is never signalled after it could have been reused).
- * Replies (one packet each):
+ * Replies (13 bytes each; those of one turn of this process's loop in one packet, in order,
+ * at most 256 a packet):
  *   'P' u64 id, i32 pid      started
  *   'E' u64 id, i32 errno    not started (the command not found, not executable, ...)
  *   'X' u64 id, i32 status   ended (the wait status, as waitpid gives it); whatever else was
@@ -82,18 +83,33 @@ static void die(const char *what) {
     exit(2);
 }
 
-static void reply(char kind, uint64_t id, int32_t value) {
-    char out[1 + sizeof id + sizeof value];
-    out[0] = kind;
-    memcpy(out + 1, &id, sizeof id);
-    memcpy(out + 1 + sizeof id, &value, sizeof value);
-    while (send(sock, out, sizeof out, MSG_NOSIGNAL) < 0) {
+/* Replies wait here until the end of the loop's turn, then go out together, one packet:
+ * a turn that starts or reaps several children sends one packet, not one per reply. */
+#define REPLY_SIZE 13
+#define MAX_REPLIES 256
+static char replies[REPLY_SIZE * MAX_REPLIES];
+static size_t n_replies;
+
+static void send_replies(void) {
+    if (n_replies == 0)
+        return;
+    while (send(sock, replies, n_replies * REPLY_SIZE, MSG_NOSIGNAL) < 0) {
         if (errno == EINTR)
             continue;
         if (errno == EPIPE || errno == ECONNRESET)
             exit(0); /* the worker is gone */
         die("send");
     }
+    n_replies = 0;
+}
+
+static void reply(char kind, uint64_t id, int32_t value) {
+    char *out = replies + n_replies * REPLY_SIZE;
+    out[0] = kind;
+    memcpy(out + 1, &id, sizeof id);
+    memcpy(out + 1 + sizeof id, &value, sizeof value);
+    if (++n_replies == MAX_REPLIES)
+        send_replies();
 }
 
 static int64_t now_ms(void) {
@@ -490,6 +506,7 @@ int main(int argc, char **argv) {
             if (timeout < 0 || left < timeout)
                 timeout = (int)left;
         }
+        send_replies(); /* this turn's, before waiting for the next */
         int n = epoll_wait(epfd, events, 64, timeout);
         if (n < 0) {
             if (errno == EINTR)

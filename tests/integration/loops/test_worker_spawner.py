@@ -314,3 +314,67 @@ async def test_without_the_spawner_a_lazy_log_is_made_by_the_worker(tmp_path: Pa
                                            cwd=str(tmp_path)), sink)
     sink.close()
     assert outcome.state == "Success" and log.read_bytes() == b"popen\n"
+
+
+def test_the_helper_sends_the_replies_of_one_turn_in_one_packet(tmp_path: Path) -> None:
+    """Starts that arrive together are answered together: a packet of 13-byte replies, each
+    start's 'P' before its 'X', and every reply once."""
+    import socket
+    import struct
+    import subprocess
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    helper = subprocess.Popen([HELPER, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                              env={}, start_new_session=True)
+    theirs.close()
+    n = 40
+    try:
+        os.kill(helper.pid, signal.SIGSTOP)  # the starts queue in the socket
+        with open(os.devnull, "wb") as out:
+            for key in range(1, n + 1):
+                strings = [str(tmp_path), "sh", "-c", f"exit {key % 5}", "PATH=/usr/bin:/bin"]
+                payload = (struct.pack("=cQII", b"S", key, 3, 1)
+                           + "\0".join(strings).encode() + b"\0")
+                socket.send_fds(mine, [payload], [out.fileno()])
+        os.kill(helper.pid, signal.SIGCONT)
+        mine.settimeout(30)
+        packets: list[bytes] = []
+        replies: list[tuple[bytes, int, int]] = []
+        while len(replies) < 2 * n:
+            data = mine.recv(4096)
+            assert data and len(data) % 13 == 0, data
+            packets.append(data)
+            replies += struct.iter_unpack("=cQi", data)
+    finally:
+        mine.close()
+        helper.wait(timeout=10)
+    assert len(packets) < len(replies)  # some packet held several
+    assert sorted(key for kind, key, _ in replies if kind == b"P") == list(range(1, n + 1))
+    ends = {key: os.waitstatus_to_exitcode(status) for kind, key, status in replies
+            if kind == b"X"}
+    assert ends == {key: key % 5 for key in range(1, n + 1)}
+    order = [(kind, key) for kind, key, _ in replies]
+    assert all(order.index((b"P", key)) < order.index((b"X", key)) for key in ends)
+
+
+async def test_a_reply_packet_of_the_wrong_size_ends_the_spawner(tmp_path: Path) -> None:
+    """A packet that is not whole replies (a cut one, or a helper of another build) fails what
+    the spawner was running instead of being read as something else."""
+    fake = tmp_path / "fake-helper"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import socket, sys, time\n"
+                    "s = socket.socket(fileno=int(sys.argv[1]))\n"
+                    "socket.recv_fds(s, 1 << 20, 4)\n"
+                    "s.send(b'P' + bytes(13))\n"  # 14 bytes
+                    "time.sleep(30)\n")
+    fake.chmod(0o755)
+    spawner = Spawner(asyncio.get_running_loop(), str(fake))
+    out = os.open(os.devnull, os.O_WRONLY)
+    try:
+        child = spawner.start(["true"], {}, str(tmp_path), out)
+    finally:
+        os.close(out)
+    assert child is not None
+    with pytest.raises(OSError, match="the process spawner ended"):
+        await asyncio.wait_for(child.wait(), 10)
+    assert spawner._closed and spawner._children == {}
