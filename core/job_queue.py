@@ -36,6 +36,26 @@ class JobQueue:
             self._counts[batch_id] += 1
             self._n += 1
 
+    def add_run(self, batch_id: int, first: int, n: int) -> None:
+        """Add jobs ``first`` to ``first + n - 1`` (no-op for those present).
+
+        A committed bunch at once, in C calls, not a call per job.
+        """
+        if n <= 0:
+            return
+        bits = self._bits.get(batch_id)
+        if bits is None:
+            bits = self._bits[batch_id] = bytearray()
+            self._counts[batch_id] = 0
+            bisect.insort(self._batches, batch_id)
+        end = first + n
+        if end > len(bits):
+            bits.extend(bytes(max(end, 2 * len(bits)) - len(bits)))
+        new = bits.count(0, first, end)
+        bits[first:end] = b"\x01" * n
+        self._counts[batch_id] += new
+        self._n += new
+
     def discard(self, batch_id: int, job_id: int) -> None:
         """Remove a job (no-op if absent)."""
         bits = self._bits.get(batch_id)

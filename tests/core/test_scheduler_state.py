@@ -14,6 +14,7 @@ from core.scheduler_state import (
     PENDING,
     READY,
     RUNNING,
+    Batch,
     HeldBunch,
     SchedulerState,
     evolve,
@@ -493,6 +494,76 @@ def test_held_bunches_make_the_jobs_their_heads_describe(data: st.DataObject) ->
     assert not state.batches[1].held
 
 
+class _OneByOne(SchedulerState):
+    """The scheduler's state with every job committed by the per-job rule."""
+
+    def _commit_ready_run(self, batch_id: int, batch: Batch, bunch: HeldBunch) -> bool:
+        return False
+
+
+@given(st.data())
+def test_a_bunch_of_independent_jobs_commits_as_its_jobs_one_by_one(
+        data: st.DataObject) -> None:
+    """A bunch committed whole (no parents, one pool, no cancelled group) leaves the state the
+    per-job rule leaves: the same jobs, queues and counters, beside jobs already there (an
+    earlier update's, some of them ended) and bunches that take the per-job rule."""
+    n_old = data.draw(st.integers(0, 5))
+    events: list[AnyEvent] = [*BASE, groups(1, 1, (1, 0))]
+    if n_old:
+        events += [submitted(1, 1, *(jr(j, ic=data.draw(st.sampled_from(["standard", "highmem"])))
+                                     for j in range(1, n_old + 1))), committed(1, 1)]
+        events += [mjc(1, j, data.draw(st.sampled_from(["Success", "Failed"])))
+                   for j in data.draw(st.sets(st.integers(1, n_old)))]
+    if data.draw(st.booleans(), label="a cancelled group"):
+        events.append(JobGroupCancelled(batch_id=1, job_group_id=data.draw(
+            st.sampled_from([0, 1]))))
+    first = n_old + 1
+    bunches = []
+    for _ in range(data.draw(st.integers(1, 4))):
+        n = data.draw(st.integers(1, 6))
+        ids = range(first, first + n)
+        one_pool = data.draw(st.booleans(), label="one pool")
+        bunches.append(submitted(1, 2, *(
+            jr(j, data.draw(st.lists(st.integers(1, j - 1), max_size=2, unique=True))
+               if j > 1 and data.draw(st.booleans(), label="parents") else (),
+               cores=data.draw(st.sampled_from([250, 1000])),
+               ic="standard" if one_pool else data.draw(st.sampled_from(["standard", "highmem"])),
+               regions=data.draw(_REGIONS), always_run=data.draw(st.booleans()),
+               n_max=data.draw(st.integers(1, 30)), group=data.draw(st.sampled_from([0, 1])))
+            for j in ids)))
+        first += n
+    events += [*bunches, committed(1, 2)]
+    whole, one_by_one = SchedulerState(), _OneByOne()
+    for event in events:
+        whole.apply(event)
+        one_by_one.apply(event)
+    assert whole == one_by_one
+    assert where(whole) == where(one_by_one)
+    check_invariants(whole)
+
+
+def test_a_bunch_of_independent_jobs_is_committed_whole() -> None:
+    """The usual bunch takes the whole-bunch path, and a bunch with a parent does not."""
+    taken: list[int] = []
+
+    class Counting(SchedulerState):
+        def _commit_ready_run(self, batch_id: int, batch: Batch, bunch: HeldBunch) -> bool:
+            done = super()._commit_ready_run(batch_id, batch, bunch)
+            if done:
+                taken.append(bunch.job_ids[0])
+            return done
+
+    state = Counting()
+    for event in [*BASE, submitted(1, 1, jr(1), jr(2)), submitted(1, 1, jr(3, [1]), jr(4)),
+                  submitted(1, 1, jr(5, ic="highmem"), jr(6)), submitted(1, 1, jr(7)),
+                  committed(1, 1)]:
+        state.apply(event)
+    assert taken == [1, 7]
+    assert where(state) == {(1, 1): "Ready", (1, 2): "Ready", (1, 3): "Pending",
+                            (1, 4): "Ready", (1, 5): "Ready", (1, 6): "Ready", (1, 7): "Ready"}
+    check_invariants(state)
+
+
 def test_commit_of_a_missing_parent_is_refused() -> None:
     with pytest.raises(ValueError, match="not committed"):
         fold([*BASE, submitted(1, 1, jr(1, [7])), committed(1, 1)])
@@ -507,6 +578,24 @@ def test_job_queue_orders_by_batch_then_job() -> None:
     q.discard(1, 3)
     q.discard(7, 1)
     assert list(q) == [(2, 1), (2, 5)] and (2, 5) in q and (1, 3) not in q
+
+
+@given(st.lists(st.tuples(st.integers(1, 2), st.integers(0, 40), st.integers(0, 12),
+                         st.booleans()), max_size=12))
+def test_adding_a_run_adds_each_of_its_jobs(steps: list[tuple[int, int, int, bool]]) -> None:
+    """``add_run`` leaves the queue that adding its jobs one by one leaves, over jobs already
+    queued, runs that overlap and empty runs; discards in between."""
+    runs, ones = JobQueue(), JobQueue()
+    for batch_id, first, n, discard in steps:
+        if discard:
+            for j in range(first, first + n):
+                runs.discard(batch_id, j)
+                ones.discard(batch_id, j)
+            continue
+        runs.add_run(batch_id, first, n)
+        for j in range(first, first + n):
+            ones.add(batch_id, j)
+        assert len(runs) == len(ones) and list(runs) == list(ones)
 
 
 def test_evolve_returns_the_state() -> None:
