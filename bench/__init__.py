@@ -5,7 +5,10 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
+import sys
 from pathlib import Path
+from types import FrameType
 
 _LATER: list[Path] = []
 
@@ -32,3 +35,24 @@ def _remove_all() -> None:
     for path in _LATER:
         shutil.rmtree(path, ignore_errors=True)
     _LATER.clear()
+
+
+STOPPING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that end a bench the way Ctrl-C does (``kill``, ``timeout``, a closed terminal)."""
+
+
+def stop_on_signals() -> None:
+    """Make SIGTERM and SIGHUP end this process as SystemExit (code 128 + the signal).
+
+    A scenario takes its private stack down in a ``finally`` and removes its trees at exit,
+    but Python's default for these signals ends the process at once, past both: a bench
+    stopped by ``kill`` or ``timeout`` left its broker, MariaDB-backed services and workers
+    running, each taxing every later run, and no ``make down`` sees them (each stack's state
+    is in its own temporary directory). Raised in the main thread, the exit unwinds like
+    Ctrl-C's KeyboardInterrupt.
+    """
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        sys.exit(128 + signum)
+
+    for sig in STOPPING_SIGNALS:
+        signal.signal(sig, stop)

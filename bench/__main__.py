@@ -44,6 +44,7 @@ from bench import (
     provenance,
     replay,
     scheduler_memory,
+    stop_on_signals,
     targets,
 )
 from services.common import procs
@@ -116,6 +117,7 @@ def main() -> None:
                         help="the ingest and execution stacks' broker storage: SeaweedFS, as "
                              "`make up` runs it (default), or memory")
     args = parser.parse_args()
+    stop_on_signals()
     known = ["log", "ingest", "execution", "replay", "scheduler-memory"]
     scenarios = args.scenarios or known
     unknown = set(scenarios) - {*known, "catchup"}

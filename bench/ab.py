@@ -51,6 +51,7 @@ from typing import Any, Protocol
 from rich.console import Console
 from rich.table import Table
 
+from bench import stop_on_signals
 from bench.cpuquota import QuotaError, cpu_quota
 
 REPO = Path(__file__).resolve().parents[1]
@@ -280,6 +281,9 @@ def run_step(names: Sequence[str], start: Callable[[str, int], tuple[Process, Pa
                       flush=True)
                 continue
             raise
+        except BaseException:  # Ctrl-C, or SIGTERM (stop_on_signals): the runs go down too
+            stop([proc for _, proc, _ in runs])
+            raise
     raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -448,4 +452,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    stop_on_signals()  # its runs are stopped as on Ctrl-C (run_step)
     main()

@@ -258,3 +258,19 @@ def test_an_arm_venv_that_is_not_one_is_refused(tmp_path: Path,
 def test_two_arms_differing_only_by_venv_are_not_the_same(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="at least one pair"):  # past the sameness check
         ab.main(["--b-venv", str(ab.REPO / ".venv"), "--pairs", "0"])
+
+
+def test_a_step_stopped_from_outside_stops_its_runs_and_goes_on_stopping() -> None:
+    # Ctrl-C, or SIGTERM made SystemExit (bench.stop_on_signals), while waiting for a step.
+    started: list[FakeRun] = []
+
+    def start(name: str, attempt: int) -> tuple[FakeRun, Path]:
+        started.append(FakeRun(None))
+        return started[-1], Path(f"run-{name}.log")
+
+    def result(name: str, proc: Any, log: Path) -> dict[str, Any]:
+        raise SystemExit(143)
+
+    with pytest.raises(SystemExit):
+        run_step(["a", "b"], start, result, retries=3)
+    assert [run.signals for run in started] == [[signal.SIGINT], [signal.SIGINT]]
