@@ -216,6 +216,35 @@ def usage_text(usage_by_resource: Mapping[str, int]) -> str | None:
     return _USAGE_JSON.encode(pairs).decode() if pairs else None
 
 
+class UsageFormat(msgspec.Struct, frozen=True, gc=False):
+    """:func:`usage_text` of a set of quantities, for any positive number of milliseconds."""
+
+    fmt: str
+    """A %-format with a ``%d`` per resource billed (its JSON text's other ``%`` doubled)."""
+    per_ms: tuple[int, ...]
+    """The quantities the ``%d`` take, in order: each times the milliseconds."""
+    pieces: tuple[str, ...]
+    """The text between the numbers (one more than ``per_ms``): what SQL concatenates."""
+
+    def text(self, ms: int) -> str:
+        return self.fmt % tuple([q * ms for q in self.per_ms])
+
+
+class JobUsage(msgspec.Struct, frozen=True, gc=False):
+    """A job's usage as its ``jobs.resource_usage`` will hold it: ``format``'s text of ``ms``.
+
+    What the rebuild's fold gives for a job billed at one set of quantities (nearly every
+    job), so that a load can send MariaDB the milliseconds and have it render the texts, all
+    alike but for their numbers (:mod:`services.audit.load`); :meth:`text` is the text.
+    """
+
+    format: UsageFormat
+    ms: int
+
+    def text(self) -> str:
+        return self.format.text(self.ms)
+
+
 class UsageTexts:
     """:func:`usage_text` of usage at fixed quantities per ms, for many durations.
 
@@ -226,33 +255,40 @@ class UsageTexts:
     """
 
     def __init__(self) -> None:
-        self._formats: dict[tuple[tuple[str, int], ...], tuple[str, tuple[int, ...]] | None] = {}
+        self._formats: dict[tuple[tuple[str, int], ...], UsageFormat | None] = {}
 
-    def text(self, quantities: tuple[tuple[str, int], ...], ms: int) -> str | None:
-        """``usage_text`` of ``quantities`` (resource, quantity per ms) used for ``ms`` > 0."""
+    def usage(self, quantities: tuple[tuple[str, int], ...], ms: int) -> JobUsage | None:
+        """``quantities`` (resource, quantity per ms) used for ``ms`` > 0, as a usage.
+
+        None where :func:`usage_text` gives no text (every quantity zero). The jobs of one set
+        of quantities share its :class:`UsageFormat`.
+        """
         if ms <= 0:
             raise ValueError(f"usage of {ms} ms: only a positive duration has a usage text")
         try:
             found = self._formats[quantities]
         except KeyError:
             found = self._formats[quantities] = _usage_format(quantities)
-        if found is None:
-            return None
-        fmt, per_ms = found
-        return fmt % tuple([q * ms for q in per_ms])
+        return None if found is None else JobUsage(found, ms)
+
+    def text(self, quantities: tuple[tuple[str, int], ...], ms: int) -> str | None:
+        """``usage_text`` of ``quantities`` (resource, quantity per ms) used for ``ms`` > 0."""
+        usage = self.usage(quantities, ms)
+        return None if usage is None else usage.text()
 
 
-def _usage_format(quantities: tuple[tuple[str, int], ...]
-                  ) -> tuple[str, tuple[int, ...]] | None:
-    """A %-format of :func:`usage_text`'s text of ``quantities`` times a positive ms.
+def _usage_format(quantities: tuple[tuple[str, int], ...]) -> UsageFormat | None:
+    """:func:`usage_text`'s text of ``quantities`` times a positive ms, as a format.
 
-    With it, the quantities it takes, in order; None where every quantity is zero (no text).
+    None where every quantity is zero (no text).
     """
     pairs = sorted((r, q) for r, q in dict(quantities).items() if q)
     if not pairs:
         return None
-    names = [_USAGE_JSON.encode(r).decode().replace("%", "%%") for r, _ in pairs]
-    return "[" + ",".join(f"[{n},%d]" for n in names) + "]", tuple(q for _, q in pairs)
+    names = [_USAGE_JSON.encode(r).decode() for r, _ in pairs]
+    pieces = ["[[" + names[0] + ","] + ["],[" + n + "," for n in names[1:]] + ["]]"]
+    fmt = "%d".join(p.replace("%", "%%") for p in pieces)
+    return UsageFormat(fmt, tuple(q for _, q in pairs), tuple(pieces))
 
 
 def usage_of_text(text: str | None) -> dict[str, int]:

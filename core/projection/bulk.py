@@ -467,7 +467,8 @@ class _Fold:
         for j, job_ms in self.job_ms.items():
             if len(job_ms) == 1:  # one set of quantities: nearly every job
                 ((quantities, ms),) = job_ms.items()
-                jobs[j]["resource_usage"] = texts.text(quantities, ms)
+                # Its text is rendered where it is written (a load has MariaDB render it).
+                jobs[j]["resource_usage"] = texts.usage(quantities, ms)
             else:
                 jobs[j]["resource_usage"] = usage_text(_usage(job_ms))
         # Keys as an Increment's items (drain puts them in one order), without an Increment

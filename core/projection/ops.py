@@ -13,7 +13,11 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TypeAlias
 
-Value: TypeAlias = int | str | bool | None
+from core.billing import JobUsage
+
+Value: TypeAlias = int | str | bool | JobUsage | None
+"""A column's value. A :class:`core.billing.JobUsage` only in the rebuild's fold's job rows
+(``resource_usage``), which its writers render (:mod:`services.audit`)."""
 Row: TypeAlias = Mapping[str, Value]
 
 

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from core.billing import JobUsage
 from core.projection.bulk import ResourceLists, Timed, fold_batch
 from core.projection.ops import InsertIgnore, Op, Row
 from schemas.base import BatchEvent
@@ -185,9 +186,24 @@ def write_ops(conn: sa.Connection, ops: Sequence[Op]) -> tuple[int, int]:
         except NotLoadable:
             rest.append(InsertIgnore(table, rows))
     writer = Writer(conn)
-    writer.emit(rest)
+    writer.emit(_with_usage_texts(rest))
     writer.flush()
     return writer.statements + len(loads), loaded
+
+
+def _with_usage_texts(ops: list[Op]) -> list[Op]:
+    """``ops`` with each job's usage (:class:`core.billing.JobUsage`, the bulk fold's) made
+    its text: the writer writes values as they are."""
+    out: list[Op] = []
+    for op in ops:
+        if type(op) is InsertIgnore:
+            usages = {c for row in op.rows for c, v in row.items() if type(v) is JobUsage}
+            if usages:
+                op = InsertIgnore(op.table, [
+                    {c: v.text() if type(v) is JobUsage else v for c, v in row.items()}
+                    for row in op.rows])
+        out.append(op)
+    return out
 
 
 def split_loads(ops: Sequence[Op]) -> tuple[list[Op], dict[str, list[Row]]]:

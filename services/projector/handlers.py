@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import sqlalchemy as sa
@@ -412,7 +412,7 @@ class Handler:
             {"batch_id": b, "update_id": u})])
         # Groups the commit left with no unfinished job (new empty ones; the batch when the
         # update added none) completed: their outbox rows go in this transaction.
-        done = [int(g.where["job_group_id"] or 0) for g in plan.groups
+        done = [int(cast(int | None, g.where["job_group_id"]) or 0) for g in plan.groups
                 if g.values["state"] == "complete"]
         if done:
             self._done.setdefault(b, []).append((done, cancelled, now))

@@ -341,6 +341,32 @@ def test_usage_texts_are_usage_text_of_quantities_times_ms(
         assert texts.text(key, ms) == usage_text({r: q * ms for r, q in dict(key).items()})
 
 
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=30), st.integers(-(2**40), 2**40)),
+                max_size=8),
+       st.lists(st.integers(1, 2**40), min_size=1, max_size=4))
+def test_a_usage_is_its_text_and_its_pieces_join_around_the_numbers(
+        quantities: list[tuple[str, int]], durations: list[int]) -> None:
+    """What a load has MariaDB concatenate (the pieces around each quantity times the ms) is
+    the text, and a job's usage is usage_text's; the jobs of a set share one format."""
+    texts = UsageTexts()
+    key = tuple(quantities)
+    formats = set()
+    for ms in durations:
+        usage = texts.usage(key, ms)
+        expected = usage_text({r: q * ms for r, q in dict(key).items()})
+        if usage is None:
+            assert expected is None
+            continue
+        assert usage.ms == ms and usage.text() == expected
+        fmt = usage.format
+        formats.add(id(fmt))
+        assert len(fmt.pieces) == len(fmt.per_ms) + 1
+        joined = fmt.pieces[0] + "".join(
+            str(q * ms) + piece for q, piece in zip(fmt.per_ms, fmt.pieces[1:], strict=True))
+        assert joined == expected
+    assert len(formats) <= 1
+
+
 def test_usage_texts_refuse_a_duration_without_usage() -> None:
     with pytest.raises(ValueError, match="positive"):
         UsageTexts().text((("compute/1", 5),), 0)

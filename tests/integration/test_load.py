@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.billing import JobUsage, UsageTexts
 from core.projection.ops import Increment, InsertIgnore, Op, Row
 from services.audit.bulk import _write, split_loads
 from services.audit.load import (
@@ -127,7 +128,8 @@ def test_every_line_holds_its_rows_values(table: list[list[object]]) -> None:
     columns = [f"c{i}" for i in range(len(table))]
     rows: list[Row] = [dict(zip(columns, values, strict=True))
                        for values in zip(*table, strict=True)]
-    order, got, shared = lines(columns, rows)
+    order, got, shared, computed = lines(columns, rows)
+    assert computed == ()  # no usages here
     assert order[0] == columns[0] and sorted(order + [c for c, _ in shared]) == columns
     assert [c for c in columns if c in order] == order  # the file keeps the given order
     assert [{**dict(zip(order, line[:-1].split("\t"), strict=True)),
@@ -141,9 +143,9 @@ def test_columns_of_one_value_are_left_to_the_statement_but_the_first() -> None:
     rows: list[Row] = [{"b": None, "a": True, "c": 7, "d": "s"},
                        {"a": 1, "b": "t\tx", "c": 7, "d": "s"}]
     assert lines(["c", "a", "d", "b"], rows) == (
-        ["c", "a", "b"], ["7\t1\t\\N\n", "7\t1\tt\\tx\n"], [("d", "s")])
-    assert lines(["c", "d"], rows) == (["c"], ["7\n", "7\n"], [("d", "s")])
-    assert lines(["b"], rows) == (["b"], ["\\N\n", "t\\tx\n"], [])
+        ["c", "a", "b"], ["7\t1\t\\N\n", "7\t1\tt\\tx\n"], [("d", "s")], ())
+    assert lines(["c", "d"], rows) == (["c"], ["7\n", "7\n"], [("d", "s")], ())
+    assert lines(["b"], rows) == (["b"], ["\\N\n", "t\\tx\n"], [], ())
 
 
 @pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
@@ -227,3 +229,65 @@ def test_no_scratch_space_means_the_rows_are_inserted_instead(engine: sa.Engine,
         with pytest.raises(NotLoadable, match="no file"):
             load(conn, TABLE, [{"id": 1, "s": "x"}], scratch=str(tmp_path / "missing"))
         assert _read(conn) == []
+
+
+_NAMES = ["compute/n1-standard/1", "it's \"q\"", "back\\slash\\", "50% %d %s", "ünï 😀",
+          "tab\tnl\n"]
+
+
+def _usages(quantities: tuple[tuple[str, int], ...], durations: list[int | None]
+            ) -> list[JobUsage | None]:
+    texts = UsageTexts()
+    return [None if ms is None else texts.usage(quantities, ms) for ms in durations]
+
+
+@pytest.mark.parametrize("no_backslash_escapes", [False, True], ids=["default", "nbe"])
+def test_usages_of_one_format_are_rendered_by_the_server_as_their_texts(
+        engine: sa.Engine, no_backslash_escapes: bool) -> None:
+    quantities = tuple((name, q) for name, q in zip(_NAMES, [1000, 64, 0, 7, 3, 2**20],
+                                                    strict=True))
+    usages = _usages(quantities, [40_964, None, 1, 2**40, 123_456_789])
+    rows: list[Row] = [{"id": i, "s": u, "n": 7} for i, u in enumerate(usages)]
+    got = lines(["id", "s", "n"], rows)
+    assert got.computed and got.computed[0][0] == "s"  # the milliseconds go in the file
+    with engine.connect() as conn, escapes_mode(conn, no_backslash_escapes):
+        trans = conn.begin()
+        try:
+            load(conn, TABLE, rows)
+            assert [r[1] for r in _read(conn)] == [None if u is None else u.text()
+                                                  for u in usages]
+        finally:
+            trans.rollback()
+
+
+@pytest.mark.parametrize("case", ["two formats", "beyond BIGINT", "beside a text"])
+def test_other_usage_columns_are_loaded_as_texts(engine: sa.Engine, case: str) -> None:
+    one = _usages((("compute/1", 1000),), [5, 6])
+    other = _usages((("compute/1", 1000), ("memory/1", 3)), [7])
+    big = _usages((("compute/1", 2**40),), [2**30])
+    values: list[object] = {"two formats": [*one, *other], "beyond BIGINT": [*one, *big],
+                            "beside a text": [*one, '[["x",1]]']}[case]
+    rows: list[Row] = [{"id": i, "s": v} for i, v in enumerate(values)]  # type: ignore[misc]
+    assert lines(["id", "s"], rows).computed == ()
+    with engine.connect() as conn, conn.begin():
+        load(conn, TABLE, rows)
+        assert [r[1] for r in _read(conn)] == [v.text() if isinstance(v, JobUsage) else v
+                                              for v in values]
+        conn.rollback()
+
+
+def test_usages_written_without_a_load_are_their_texts(migrated_db: DatabaseSettings) -> None:
+    """A server or driver that cannot load: the writer inserts the usages' texts."""
+    plain = sa.create_engine(migrated_db.url())
+    usages = _usages((("compute/1", 1000), ("ip-fee/1", 2)), [11, 12])
+    ops: list[Op] = [InsertIgnore(TABLE, [{"id": 100 + i, "s": u, "n": 1}
+                                          for i, u in enumerate(usages)])]
+    try:
+        _write(plain, ops, ReplayStats())
+        with plain.connect() as conn:
+            assert [r[1] for r in _read(conn) if r[0] >= 100] == [
+                u.text() for u in usages if u is not None]
+    finally:
+        with plain.begin() as conn:
+            conn.exec_driver_sql(f"DELETE FROM {TABLE} WHERE id >= 100")
+        plain.dispose()
