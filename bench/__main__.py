@@ -15,6 +15,7 @@ With no scenario named, all but ``catchup`` run. Prints a table per scenario, th
 speed during the run (``bench/machine.py``: this VM's speed varies by the hour, and the rates
 with it), then every performance target of issue 6 with the figure that judges it and whether
 it is met (``bench/targets.py``), and writes the same as JSON to bench/results/.
+``--cpu-quota CORES`` runs it all on a slower machine made on demand (``bench/cpuquota.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from bench import (
     stop_on_signals,
     targets,
 )
+from bench.cpuquota import QuotaError, cpu_quota
 from services.common import procs
 from services.common.settings import load_settings
 from services.stack.components import seaweed_component
@@ -116,8 +118,23 @@ def main() -> None:
     parser.add_argument("--stack", choices=("durable", "memory"), default="durable",
                         help="the ingest and execution stacks' broker storage: SeaweedFS, as "
                              "`make up` runs it (default), or memory")
+    parser.add_argument("--cpu-quota", type=float, metavar="CORES",
+                        help="hold the whole run, and the machine's MariaDB, to this many "
+                             "cores of CPU (a cgroup's quota, bench.cpuquota): a slow hour on "
+                             "demand; the figures and targets are then that machine's")
     args = parser.parse_args()
     stop_on_signals()
+    held = ExitStack()  # the CPU quota, left when the run ends
+    if args.cpu_quota is not None:
+        try:
+            held.enter_context(cpu_quota(args.cpu_quota))
+        except QuotaError as e:
+            parser.error(str(e))
+    with held:
+        _run(args, parser)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     known = ["log", "ingest", "execution", "replay", "scheduler-memory"]
     scenarios = args.scenarios or known
     unknown = set(scenarios) - {*known, "catchup"}
@@ -178,6 +195,8 @@ def main() -> None:
     speed: dict[str, float | int | str] = {**sampler.stop(), "python": machine.interpreter()}
     if booted is not None:
         speed["uptime_s_at_start"] = round(booted)
+    if args.cpu_quota is not None:
+        speed["cpu_quota_cores"] = args.cpu_quota
     for name, figures in [*results.items(), ("machine", speed)]:
         table = Table(title=name)
         table.add_column("figure")

@@ -214,6 +214,12 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             f"10th-90th percentile {_get(results, 'machine', 'memory_msteps_p10')}-"
             f"{_get(results, 'machine', 'memory_msteps_p90')}: what the VM's neighbours leave "
             "of the shared cache and memory, which the probe above does not see"))
+    quota = _get(results, "machine", "cpu_quota_cores")
+    if quota is not None:
+        out.append(Assessment(
+            "CPU quota of the run (cores)", f"{quota:g}", DIAGNOSTIC, None,
+            "HELD: the run and MariaDB shared this much CPU (bench/cpuquota.py), a slow hour "
+            "made on demand; a single thread still ran at the probe's speed"))
     booted = _get(results, "machine", "uptime_s_at_start")
     if booted is not None:
         fresh = booted < FRESH_BOOT_S

@@ -187,6 +187,14 @@ def test_a_run_started_in_the_first_quarter_hour_after_boot_is_flagged() -> None
     assert "machine up at the start of the run (min)" not in by_figure({"machine": {}})
 
 
+def test_a_run_held_to_a_cpu_quota_says_so_beside_the_targets() -> None:
+    row_of = {a.figure: a for a in assess({"machine": {"cpu_quota_cores": 0.6}})}
+    held = row_of["CPU quota of the run (cores)"]
+    assert (held.measured, held.target, held.met) == ("0.6", DIAGNOSTIC, None)
+    assert held.note.startswith("HELD")
+    assert "CPU quota of the run (cores)" not in by_figure({"machine": {"samples": 3}})
+
+
 def test_uptime_is_read_from_the_kernel(tmp_path: Path) -> None:
     up = uptime_s()
     assert up is not None and up > 0
