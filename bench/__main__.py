@@ -180,7 +180,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     if "replay" in scenarios:
         t0 = time.monotonic()
         with ExitStack() as stack:
-            modes = replay.MODES if args.replay_modes == "all" else replay.MODES[:1]
+            modes = replay.modes_now()
+            modes = modes if args.replay_modes == "all" else modes[:1]
             results["replay"] = replay.run(args.bootstrap or _broker(stack, args.durable),
                                            args.replay_jobs, marker=marker, modes=modes)
         results["replay"] |= _speed(sampler, t0)

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.cpus import usable_cpus
+
 _TICK = os.sysconf("SC_CLK_TCK")
 _SERVICE = re.compile(r"-m\s+services\.(\w+)")
 
@@ -177,5 +179,6 @@ class Window:
             f"cpu_ms_per_{unit}_total": round(1000 * all_cpu / units, 3),
             "machine_busy_share": round(machine / wall_cpu, 3) if wall_cpu else 0.0,
             "stack_share_of_machine_busy": round(all_cpu / machine, 3) if machine else 0.0,
-            "ceiling_per_s": round(units / all_cpu * (os.cpu_count() or 1)) if all_cpu else None,
+            # Every CPU this run may use: the cores, or a CPU quota it is held to (--cpu-quota).
+            "ceiling_per_s": round(units / all_cpu * usable_cpus()) if all_cpu else None,
         }

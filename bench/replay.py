@@ -44,6 +44,7 @@ from services.audit.load import CONNECT_ARGS
 from services.audit.logread import PartitionReader
 from services.audit.replay import ReplayStats, SinkTarget, replay, replay_processes, spans
 from services.common import eventloop
+from services.common.cpus import usable_cores
 from services.common.log import Publisher, bootstrap_topics, delete_topics, high_watermarks
 from services.common.settings import (
     ALL_TOPICS,
@@ -250,6 +251,14 @@ MODES: tuple[tuple[int, bool], ...] = ((DEFAULT_LANES, True), (1, True),
                                        (audit_cli.SINK_LANES, False))
 """(lanes, bulk) of each replay: the rebuild's default first, then one bulk lane, then the
 default lanes through the sink alone (as the rebuild ran before bulk lanes)."""
+
+
+def modes_now() -> tuple[tuple[int, bool], ...]:
+    """:data:`MODES` for the cores this process may use now: a bench that entered a CPU quota
+    after this module was imported (``--cpu-quota``) replays as a rebuild started under it
+    would (:func:`services.common.cpus.usable_cores`)."""
+    cores = usable_cores()
+    return tuple(dict.fromkeys(((cores, True), (1, True), (2 * cores, False))))  # 1 core: 1 lane
 
 
 def run(bootstrap: str, n_jobs: int = 4_000, batch_size: int = 100,

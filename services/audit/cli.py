@@ -15,7 +15,6 @@ live projector lags too far behind, the log is unreachable).
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Annotated
 
 import typer
@@ -40,6 +39,7 @@ from services.audit.rebuild import AuditError, RebuildOptions, Reporter, rebuild
 from services.audit.replay import Progress as OnProgress
 from services.audit.replay import ReplayError, Span
 from services.common import eventloop
+from services.common.cpus import usable_cores
 from services.common.log import LogError
 from services.common.settings import load_settings
 
@@ -116,14 +116,16 @@ def history(
         typer.echo(line)
 
 
-SINK_LANES = 2 * (os.cpu_count() or 1)
+SINK_LANES = 2 * usable_cores()
 """Lane processes through the sink alone (``--no-bulk``): two per core, as a sink lane waits on
 MariaDB for about a third of its time; one per core left the machine 30% idle (measured: 2,778
-events/s with 2 lanes, 3,378 with 4, on 2 cores)."""
-BULK_LANES = os.cpu_count() or 1
-"""Bulk lane processes (the default): one per core. A bulk lane keeps its core busy, and each
-process costs about 0.65 s of CPU to start (measured, 20k jobs on 2 cores: 14,191 events/s with
-2 lanes, 11,619 with 4)."""
+events/s with 2 lanes, 3,378 with 4, on 2 cores). Cores are those this process may use: a CPU
+quota (a container's limit) counts (:mod:`core.cpu_capacity`)."""
+BULK_LANES = usable_cores()
+"""Bulk lane processes (the default): one per core this process may use. A bulk lane keeps its
+core busy, and each process costs about 0.65 s of CPU to start (measured, 20k jobs on 2 cores:
+14,191 events/s with 2 lanes, 11,619 with 4; held to one core's worth, 71,962 with 2 lanes and
+79,864 with 1)."""
 
 
 @app.command("rebuild")

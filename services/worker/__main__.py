@@ -31,6 +31,7 @@ import socket
 from collections.abc import Mapping
 
 from services.common import eventloop
+from services.common.cpus import usable_cores
 from services.common.gcpause import tune_for_service
 from services.common.settings import (
     LogSettings,
@@ -71,7 +72,8 @@ def load_worker_settings(env: Mapping[str, str] | None = None, *,
     fields = pick_env(env, _WORKER_ENV)
     fields.setdefault("instance_name", socket.gethostname())
     fields.setdefault("port", 5001)
-    fields.setdefault("cores_mcpu", 1000 * (os.cpu_count() or 1))
+    # The cores this process may use: a container's CPU limit counts (core.cpu_capacity).
+    fields.setdefault("cores_mcpu", 1000 * usable_cores())
     shared = Settings(data_dir=data_dir, spec_dir=env.get("HS_SPEC_DIR") or None,
                       log_dir=env.get("HS_LOG_DIR") or None)
     fields.setdefault("log_dir", log_root(shared))
