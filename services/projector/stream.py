@@ -17,8 +17,8 @@ after its first event; an idle agent sleeps until one comes or the stream stops.
 
 This leans on how ``take_events`` is written (one ``wait_for_stopped(buffer_full,
 timeout=within)`` a turn; its own processor fills the buffer as events arrive), as faust is
-pinned; ``tests/integration/test_projector_stream.py`` checks the behaviour through a real
-broker.
+pinned: ``tests/integration/test_projector_stream.py`` makes those calls as it does, and the
+projector's suites run it under ``take_events`` against the real broker.
 """
 
 from __future__ import annotations
