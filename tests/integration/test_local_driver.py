@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -52,6 +53,19 @@ def workers_named(name: str) -> list[int]:
         if needle in env and procs.pid_alive(int(entry.name)):
             found.append(int(entry.name))
     return found
+
+
+async def seen_as_workers(names: list[str], timeout_s: float = 10) -> bool:
+    """Whether each of ``names`` has a live worker process to be found by its environment
+    within ``timeout_s``. ``Popen`` returns once the child's ``execve`` has closed its
+    close-on-exec descriptors, and the kernel sets up the new environment after that: under
+    load, a look at once found a live worker's environment still empty (CI, 2026-12-07)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(workers_named(n) for n in names):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -173,10 +187,12 @@ async def test_close_leaves_no_processes(quick_log: LogSettings, tmp_path: Path)
     driver = create_driver("local", Settings(log=quick_log, data_dir=str(tmp_path)))
     assert isinstance(driver, LocalDriver)
     names = ["w-a", "w-b", "w-c"]
-    await asyncio.gather(*(driver.create(spec(n)) for n in names))
-    pids = [driver.pid(n) for n in names]
-    assert all(pids) and all(workers_named(n) for n in names)
-    await driver.close()
+    try:
+        await asyncio.gather(*(driver.create(spec(n)) for n in names))
+        pids = [driver.pid(n) for n in names]
+        assert all(pids) and await seen_as_workers(names)
+    finally:
+        await driver.close()  # a failure above leaves no process to later tests
     await driver.close()  # idempotent
     assert await driver.list() == []
     assert not any(workers_named(n) for n in names)
@@ -191,6 +207,7 @@ async def test_workers_left_by_a_dead_driver_are_reaped(quick_log: LogSettings,
     other = LocalDriver(Settings(log=quick_log, data_dir=str(tmp_path / "other")))
     await asyncio.gather(driver.create(spec("w-left")), driver.create(spec("w-also")),
                          other.create(spec("w-other")))
+    assert await seen_as_workers(["w-left", "w-also", "w-other"])  # as reaping finds them
     pids = [driver.pid("w-left"), driver.pid("w-also")]
     # The driver is dropped without close(), as when its scheduler is killed.
     assert await asyncio.to_thread(reap_instances, tmp_path / "dead") == ["w-also", "w-left"]
