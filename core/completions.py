@@ -186,6 +186,29 @@ def after_attempt(*, ok: bool, attempts: int, max_attempts: int, now_ms: int, ba
                                                        jitter=jitter))
 
 
+def sender_wait_s(next_due_ms: int | None, now_ms: int, *, idle_s: float) -> float:
+    """How long an idle callback sender may sleep before it looks for due deliveries again.
+
+    Until the earliest pending delivery is due (a retry's backoff, or a claim that expires
+    because its attempt never reported), and never longer than ``idle_s``: a delivery owed
+    afresh wakes the sender, and ``idle_s`` bounds what nothing wakes it for.
+
+    Args:
+        next_due_ms: when the earliest pending delivery is due, None if there is none.
+        now_ms: the time now, in the same clock.
+        idle_s: the longest sleep, in seconds (positive).
+
+    Returns:
+        Seconds in ``[0, idle_s]``; 0 when one is due already.
+
+    """
+    if idle_s <= 0:
+        raise ValueError(f"idle_s must be positive, not {idle_s}")
+    if next_due_ms is None:
+        return idle_s
+    return min(max(next_due_ms - now_ms, 0) / 1000, idle_s)
+
+
 def as_of_completion(status: Mapping[str, Any], c: Completion) -> dict[str, Any]:
     """A batch or group status document, with what the completion decided written over it.
 

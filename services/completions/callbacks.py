@@ -24,7 +24,13 @@ from collections.abc import Callable
 import aiohttp
 import sqlalchemy as sa
 
-from core.completions import AfterAttempt, Completion, after_attempt, completion_of
+from core.completions import (
+    AfterAttempt,
+    Completion,
+    after_attempt,
+    completion_of,
+    sender_wait_s,
+)
 from schemas.batch import BatchCompleted, JobGroupCompleted
 from schemas.codec import DecodeError
 from services.common.log import LogConsumer, LogError, Record, now_ms
@@ -162,9 +168,10 @@ class CallbackSender:
         """Deliver until ``stop``, up to ``concurrency`` POSTs in flight.
 
         A slow receiver holds one slot, not the others: a slot is refilled as soon as its POST
-        ends. Due deliveries are claimed when a slot frees, the intake wakes the loop, or
-        every ``poll_s``. Stopping abandons the POSTs in flight; their claims expire and they
-        are attempted again.
+        ends. Due deliveries are claimed when a slot frees, the intake wakes the loop, or the
+        earliest pending delivery is due (a retry, an expired claim), and at least every
+        ``idle_s``. Stopping abandons the POSTs in flight; their claims expire and they are
+        attempted again.
         """
         s = self._settings
         inflight: set[asyncio.Task[AfterAttempt]] = set()
@@ -175,20 +182,24 @@ class CallbackSender:
             if not task.cancelled() and task.exception() is not None:
                 failures.append(task.exception())  # type: ignore[arg-type]
 
-        delay = s.poll_s
+        retry = 0.0  # after a database error, how long to wait before trying again
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
                 self._wake.clear()
                 free = s.concurrency - len(inflight)
                 due: list[Delivery] = []
+                delay = s.idle_s  # every slot taken: the first attempt to end wakes the loop
                 if free > 0:
                     try:
-                        due = await asyncio.to_thread(self._store.claim_due, self._clock(), free,
-                                                      s.claim_ms)
-                        delay = s.poll_s
+                        claimed = await asyncio.to_thread(self._store.claim_due, self._clock(),
+                                                          free, s.claim_ms)
+                        due = claimed.deliveries
+                        delay = sender_wait_s(claimed.next_due_ms, self._clock(),
+                                              idle_s=s.idle_s)
+                        retry = 0.0
                     except sa.exc.OperationalError as e:
-                        delay = min(max(delay * 2, 0.5), s.retry_max_s)
+                        delay = retry = min(max(retry * 2, 0.5), s.retry_max_s)
                         log.warning("callback sender: %s; retrying in %.1fs", e, delay)
                 for d in due:
                     task = asyncio.create_task(self.attempt(d), name=f"callback-{d.key}")

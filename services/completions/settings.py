@@ -2,7 +2,8 @@
 
 | variable | default | meaning |
 |---|---|---|
-| ``HS_COMPLETIONS_POLL_S`` | 0.2 | how often an idle loop looks for outbox rows or due callbacks |
+| ``HS_COMPLETIONS_POLL_S`` | 0.2 | how often the outbox relay looks for new outbox rows |
+| ``HS_COMPLETIONS_IDLE_S`` | 5 | the callback sender's longest sleep with nothing due |
 | ``HS_COMPLETIONS_BATCH`` | 500 | outbox rows published per round |
 | ``HS_COMPLETIONS_CALLBACKS`` | true | deliver HTTP callbacks (false: only publish completions) |
 | ``HS_COMPLETIONS_MAX_ATTEMPTS`` | 12 | attempts per callback before it is marked failed |
@@ -29,6 +30,10 @@ class CompletionsSettings(msgspec.Struct, frozen=True, kw_only=True):
     """One completions service."""
 
     poll_s: float = 0.2
+    # The callback sender sleeps until the earliest pending delivery is due (a retry, a claim
+    # that expires) or the intake wakes it, and at most this long. It polled every poll_s
+    # before: with nothing to send, half the idle service's CPU.
+    idle_s: float = 5.0
     batch_size: int = 500
     callbacks: bool = True
     max_attempts: int = 12
@@ -54,6 +59,7 @@ class CompletionsSettings(msgspec.Struct, frozen=True, kw_only=True):
 
 _ENV = {
     "HS_COMPLETIONS_POLL_S": ("poll_s", float),
+    "HS_COMPLETIONS_IDLE_S": ("idle_s", float),
     "HS_COMPLETIONS_BATCH": ("batch_size", int),
     "HS_COMPLETIONS_CALLBACKS": ("callbacks", parse_bool),
     "HS_COMPLETIONS_MAX_ATTEMPTS": ("max_attempts", int),
@@ -74,6 +80,8 @@ def load_completions_settings(env: Mapping[str, str] | None = None) -> Completio
         raise ValueError("HS_COMPLETIONS_MAX_ATTEMPTS must be at least 1")
     if settings.backoff_base_s <= 0 or settings.backoff_max_s < settings.backoff_base_s:
         raise ValueError("HS_COMPLETIONS_BACKOFF_*: need 0 < base <= max")
+    if settings.poll_s <= 0 or settings.idle_s <= 0:
+        raise ValueError("HS_COMPLETIONS_POLL_S and HS_COMPLETIONS_IDLE_S must be positive")
     if not 0 <= settings.intake_fetch_wait_ms <= 5_000:
         raise ValueError("HS_COMPLETIONS_FETCH_WAIT_MS must be between 0 and 5000")
     return settings

@@ -41,6 +41,10 @@ _DUE = sa.text(
     "SELECT idempotency_key, batch_id, job_group_id, url, payload, attempts, next_attempt_ms "
     "FROM callback_deliveries WHERE status = 'pending' AND next_attempt_ms <= :now "
     "ORDER BY next_attempt_ms LIMIT :n")
+# When the sender must look again: the earliest pending delivery, claimed ones included (a
+# claim's time is when it expires).
+_NEXT_DUE = sa.text(
+    "SELECT MIN(next_attempt_ms) FROM callback_deliveries WHERE status = 'pending'")
 # Claiming is optimistic: another dispatcher that claimed the row first changed next_attempt_ms.
 _CLAIM = sa.text(
     "UPDATE callback_deliveries SET attempts = attempts + 1, next_attempt_ms = :until "
@@ -87,6 +91,15 @@ class Delivery:
     url: str
     payload: str
     attempt: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What :meth:`CompletionsStore.claim_due` claimed, and when the earliest delivery still
+    pending after it is due (a claim's expiry included; None: nothing pending)."""
+
+    deliveries: list[Delivery]
+    next_due_ms: int | None
 
 
 class CompletionsStore:
@@ -140,11 +153,11 @@ class CompletionsStore:
                 "g": d.completion.job_group_id, "url": d.url, "payload": d.payload,
                 "now": now_ms} for d in deliveries])
 
-    def claim_due(self, now_ms: int, limit: int, claim_ms: int) -> list[Delivery]:
+    def claim_due(self, now_ms: int, limit: int, claim_ms: int) -> Claimed:
         """Claim up to ``limit`` due deliveries: count the attempt and hold them ``claim_ms``.
 
         A claim that is never resolved (the process died mid-POST) expires, and the delivery is
-        due again: at least once.
+        due again: at least once. Also says when to look next (:class:`Claimed`).
         """
         claimed: list[Delivery] = []
         with self.engine.begin() as conn:
@@ -155,7 +168,8 @@ class CompletionsStore:
                     claimed.append(Delivery(str(r.idempotency_key), int(r.batch_id),
                                             int(r.job_group_id), str(r.url),
                                             str(r.payload or "null"), int(r.attempts) + 1))
-        return claimed
+            next_due = conn.execute(_NEXT_DUE).scalar()
+        return Claimed(claimed, None if next_due is None else int(next_due))
 
     def record(self, results: Sequence[tuple[Delivery, AfterAttempt, str | None]],
                now_ms: int) -> None:

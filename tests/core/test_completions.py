@@ -21,6 +21,7 @@ from core.completions import (
     idempotency_key,
     outcome,
     parse_time,
+    sender_wait_s,
 )
 from core.projection.ops import InsertIgnore
 from core.status import format_time_ms, group_state
@@ -187,3 +188,36 @@ def test_the_callback_intake_fetch_wait_is_configurable_and_bounded() -> None:
         {"HS_COMPLETIONS_FETCH_WAIT_MS": "40"}).intake_fetch_wait_ms == 40
     with pytest.raises(ValueError, match="HS_COMPLETIONS_FETCH_WAIT_MS"):
         load_completions_settings({"HS_COMPLETIONS_FETCH_WAIT_MS": "-1"})
+
+
+@given(st.one_of(st.none(), st.integers(0, 2**42)), st.integers(0, 2**42),
+       st.floats(0.001, 3600))
+def test_the_sender_sleeps_until_the_next_due_delivery_at_most_idle_s(
+        next_due: int | None, now: int, idle_s: float) -> None:
+    wait = sender_wait_s(next_due, now, idle_s=idle_s)
+    assert 0 <= wait <= idle_s
+    if next_due is None:
+        assert wait == idle_s
+    elif next_due <= now:
+        assert wait == 0
+    else:
+        assert wait == min((next_due - now) / 1000, idle_s)
+
+
+@pytest.mark.parametrize(("next_due", "expected"), [
+    (None, 5.0), (T0 - 1, 0.0), (T0, 0.0), (T0 + 1_500, 1.5), (T0 + 60_000, 5.0),
+], ids=["nothing-pending", "overdue", "due-now", "in-1.5s", "later-than-idle"])
+def test_sender_wait_examples(next_due: int | None, expected: float) -> None:
+    assert sender_wait_s(next_due, T0, idle_s=5.0) == expected
+
+
+def test_sender_wait_rejects_a_non_positive_idle() -> None:
+    with pytest.raises(ValueError, match="idle_s"):
+        sender_wait_s(None, T0, idle_s=0)
+
+
+def test_the_sender_idle_setting() -> None:
+    assert load_completions_settings({}).idle_s == 5.0
+    assert load_completions_settings({"HS_COMPLETIONS_IDLE_S": "30"}).idle_s == 30.0
+    with pytest.raises(ValueError, match="HS_COMPLETIONS_IDLE_S"):
+        load_completions_settings({"HS_COMPLETIONS_IDLE_S": "0"})

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import msgspec
 import pytest
 import sqlalchemy as sa
@@ -30,10 +31,11 @@ from services.common.log import (
     bootstrap_topics,
 )
 from services.common.settings import TOPIC_COMPLETIONS, DatabaseSettings, LogSettings, Settings
+from services.completions.callbacks import CallbackSender
 from services.completions.relay import OutboxRelay
 from services.completions.service import CompletionsService
 from services.completions.settings import CompletionsSettings
-from services.completions.store import CompletionsStore
+from services.completions.store import Claimed, CompletionsStore, NewDelivery
 from services.ingest.reads import Reads
 from services.ingest.store import Store
 from services.projector.sink import Sink
@@ -43,8 +45,10 @@ from .projection_helpers import T0, Stream, job, submission
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
+# The sender's idle_s is longer than any test waits: a retry or an expired claim is attempted
+# only because the sender sleeps until it is due.
 FAST = CompletionsSettings(poll_s=0.05, backoff_base_s=0.05, backoff_max_s=0.2,
-                           http_timeout_s=2.0, max_attempts=5)
+                           http_timeout_s=2.0, max_attempts=5, idle_s=120.0)
 
 
 class Receiver:
@@ -299,7 +303,7 @@ async def test_a_claim_that_never_reported_is_attempted_again(
     claim_s = 3.0
     claimed_at = time.monotonic()
     (claimed,) = CompletionsStore(engine).claim_due(int(time.time() * 1000), 10,
-                                                    int(claim_s * 1000))
+                                                    int(claim_s * 1000)).deliveries
     assert claimed.key == key and claimed.attempt == 1
     async with service(settings, quick):
         await asyncio.sleep(0.2)
@@ -309,6 +313,49 @@ async def test_a_claim_that_never_reported_is_attempted_again(
         await eventually("delivered again", lambda: status_of(engine, key) == "delivered")
     assert time.monotonic() - claimed_at >= claim_s  # only once the claim had expired
     assert [h["X-Hailstream-Attempt"] for h, _ in receiver.for_key(key)] == ["1", "2"]
+
+
+class CountingStore(CompletionsStore):
+    """The store, counting the sender's looks for due deliveries."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        super().__init__(engine)
+        self.claims = 0
+
+    def claim_due(self, now_ms: int, limit: int, claim_ms: int) -> Claimed:
+        self.claims += 1
+        return super().claim_due(now_ms, limit, claim_ms)
+
+
+async def test_an_idle_sender_sleeps_until_a_delivery_is_due(
+        engine: sa.Engine, receiver: Receiver) -> None:
+    key = idempotency_key(109, 0, 2)
+    store = CountingStore(engine)
+    now = int(time.time() * 1000)
+    with engine.begin() as conn:  # owed, due in 1.5 s (as a retry's backoff leaves it)
+        CompletionsStore.add_deliveries(conn, [NewDelivery(
+            Completion(109, 0, 2, "failure", 1, 1, 0, T0), f"{receiver.url}/cb", "{}")], now)
+        conn.execute(sa.text("UPDATE callback_deliveries SET next_attempt_ms = :t "
+                             "WHERE idempotency_key = :k"), {"t": now + 1_500, "k": key})
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        sender = CallbackSender(FAST, store, session)
+        task = asyncio.create_task(sender.run(stop))
+        try:
+            await asyncio.sleep(1.0)
+            assert status_of(engine, key) == "pending" and not receiver.for_key(key)
+            assert store.claims == 1  # one look at the start, then asleep until it is due
+            await eventually("delivered", lambda: status_of(engine, key) == "delivered",
+                             within_s=10)
+            delivered_after_s = time.time() - now / 1000
+            claims = store.claims
+            await asyncio.sleep(1.0)
+            assert store.claims == claims  # nothing pending: asleep for idle_s
+        finally:
+            stop.set()
+            await task
+    assert 1.5 <= delivered_after_s < 5
+    assert [h["X-Hailstream-Attempt"] for h, _ in receiver.for_key(key)] == ["1"]
 
 
 async def test_the_example_consumer_prints_each_completion_once(settings: Settings) -> None:
