@@ -2,16 +2,16 @@
 
 Starting a no-op job from the worker's Python cost more than the job itself: ``Popen``'s own
 code, a ``vfork`` of a process the worker's size (its loop blocked until the child has exec'd),
-a pidfd, its epoll registration and a ``waitpid``. The helper (``hs_spawner.c``, built by
-``make venv`` next to the venv's Python) starts each process with ``posix_spawn`` from a process
-of a few hundred kilobytes, waits for all of them through one ``signalfd``, and tells the worker
-over one ``SOCK_SEQPACKET`` socket: a start is one ``sendmsg`` (the job's output descriptor
-travels with it); its answer and its end are 13 bytes each, sent with the other replies of the
-same turn of the helper's loop in one packet and read by one loop reader (a packet a reply and
-a read until the socket was empty cost the worker a fifth of its CPU a job, measured). A job
-whose log is a local file need not send a descriptor: the helper reads its output from a pipe
-into the file, made on the first byte (most short jobs write nothing, and a file's creation
-was the largest single cost of a no-op job's worker).
+a pidfd, its epoll registration and a ``waitpid``. The helper (``hs_spawner.c``, built by ``make
+venv`` next to the venv's Python) starts each process with ``vfork`` and ``execve`` from a
+process of a few hundred kilobytes, waits for all of them through one ``signalfd``, and tells
+the worker over one ``SOCK_SEQPACKET`` socket: a start is one ``sendmsg`` (the job's output
+descriptor travels with it); its answer and its end are 13 bytes each, sent with the other
+replies of the same turn of the helper's loop in one packet and read by one loop reader (a
+packet a reply and a read until the socket was empty cost the worker a fifth of its CPU a job,
+measured). A job whose log is a local file need not send a descriptor: the helper reads its
+output from a pipe into the file, made on the first byte (most short jobs write nothing, and a
+file's creation was the largest single cost of a no-op job's worker).
 
 One helper per event loop, started with the loop's first job and kept while the loop runs. If
 it dies, the jobs it was running are killed and fail (their end could no longer be known) and

@@ -146,6 +146,10 @@ async def test_the_spawner_gets_nothing_of_the_workers_environment(tmp_path: Pat
     assert _environ(_spawner()._proc.pid) == b""
 
 
+def _children(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
 def _environ(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
 
@@ -378,3 +382,41 @@ async def test_a_reply_packet_of_the_wrong_size_ends_the_spawner(tmp_path: Path)
     with pytest.raises(OSError, match="the process spawner ended"):
         await asyncio.wait_for(child.wait(), 10)
     assert spawner._closed and spawner._children == {}
+
+
+async def test_a_job_inherits_no_ignored_signal_from_the_worker(tmp_path: Path) -> None:
+    """The helper resets every disposition at its start (its children rely on that, as they no
+    longer reset each signal themselves): a worker that ignores SIGHUP (nohup) or SIGINT does
+    not pass that on through the helper, as Popen's restore_signals would."""
+    Spawner.close_all()  # a helper of this test's own, started while these are ignored
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGHUP, signal.SIGINT)}
+    try:
+        runtime = _runtime()
+        outcome = await runtime.run(RunRequest(
+            command=["sh", "-c", 'grep -E "^(SigIgn|SigBlk)" /proc/self/status'],
+            cwd=str(tmp_path)), sink := MemoryLogSink())
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        Spawner.close_all()
+    assert outcome.state == "Success", outcome
+    fields = dict(line.split(":") for line in sink.getvalue().decode().splitlines())
+    assert int(fields["SigIgn"], 16) == 0 and int(fields["SigBlk"], 16) == 0
+
+
+async def test_an_exec_that_fails_in_the_child_is_an_error_and_leaves_no_zombie(
+        tmp_path: Path) -> None:
+    """The file is there and executable, so the helper's own look up finds it; the kernel
+    refuses to run it (ENOEXEC) only in the child, after vfork."""
+    bad = tmp_path / "not-a-program"
+    bad.write_bytes(b"\x7fELF but not really")
+    bad.chmod(0o755)
+    sink = MemoryLogSink()
+    outcome = await _runtime().run(RunRequest(command=[str(bad)], cwd=str(tmp_path)), sink)
+    assert outcome.state == "Error"
+    assert outcome.error is not None and "Exec format error" in outcome.error, outcome.error
+    helper = _spawner()._proc.pid
+    assert _children(helper) == []
+    again = await _runtime().run(RunRequest(command=["true"], cwd=str(tmp_path)),
+                                 MemoryLogSink())
+    assert again.state == "Success"  # the helper carries on
