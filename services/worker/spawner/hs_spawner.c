@@ -279,8 +279,6 @@ static int resolve(const char *name, char **env, const char *cwd, char *out, siz
     return err;
 }
 
-/* A start: with `out_fd` as the output ('S'), or with a pipe read into a log file ('L',
- * out_fd < 0). */
 /* The vfork child's errno when it could not exec (it shares this process's memory). */
 static volatile int child_errno;
 static sigset_t no_signals;
@@ -334,6 +332,8 @@ static pid_t start_child(const char *path, char **argv, char **env, const char *
     return pid;
 }
 
+/* A start: with `out_fd` as the output ('S'), or with a pipe read into a log file ('L',
+ * out_fd < 0). */
 static void spawn(const char *body, size_t size, int out_fd) {
     int logged = out_fd < 0;
     uint64_t id;
