@@ -49,6 +49,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -278,6 +279,14 @@ static int resolve(const char *name, char **env, const char *cwd, char *out, siz
     }
     return err;
 }
+
+/* The kernel's struct sigaction (x86-64 and arm64), for signals glibc's sigaction refuses. */
+struct kernel_sigaction {
+    void (*handler)(int);
+    unsigned long flags;
+    void (*restorer)(void);
+    uint64_t mask;
+};
 
 /* The vfork child's errno when it could not exec (it shares this process's memory). */
 static volatile int child_errno;
@@ -516,13 +525,16 @@ int main(int argc, char **argv) {
     if (sfd < 0)
         die("signalfd");
     /* No handler and nothing ignored that a child would inherit (start_child relies on it):
-     * every signal at its default, then SIGPIPE ignored here (each child's is reset). The
-     * C library's own signals refuse, and stay as they are. */
+     * every signal at its default, then SIGPIPE ignored here (each child's is reset). By the
+     * system call itself: glibc's sigaction refuses its own signals (32 and 33), which can
+     * come ignored too (CI once saw 32 ignored in a job). */
     sigemptyset(&no_signals);
     default_action.sa_handler = SIG_DFL;
-    for (int sig = 1; sig < NSIG; sig++)
+    for (int sig = 1; sig <= 64; sig++) {
+        struct kernel_sigaction dfl = {0}; /* SIG_DFL, no flags, nothing masked */
         if (sig != SIGKILL && sig != SIGSTOP)
-            sigaction(sig, &default_action, NULL);
+            syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
+    }
     signal(SIGPIPE, SIG_IGN);
     epfd = epoll_create1(EPOLL_CLOEXEC);
     if (epfd < 0)
