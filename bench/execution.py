@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 import sqlalchemy as sa
 
-from bench import cpu, remove_at_exit
+from bench import cpu, process_start, remove_at_exit
 from bench.ingest_throughput import _stack, _submit
 from schemas.execution import JobCompleted, JobScheduled, JobsCompleted, JobsScheduled
 from services.common import procs
@@ -175,6 +175,7 @@ def _per_job(spent: dict[str, Any]) -> dict[str, float]:
 def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
     spawn_1 = asyncio.run(_spawn_rate(1_000, 1))
     spawn_16 = asyncio.run(_spawn_rate(2_000, 16))
+    starts = process_start.measure()
     tmp = Path(tempfile.mkdtemp(prefix="hs-bench-exec-"))
     db_name = f"hs_bench_{uuid.uuid4().hex[:8]}"
     # A free block below the ephemeral range: a single free port's neighbours (the
@@ -252,6 +253,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             "attempt_ms": spans,
             "spawn_per_s_serial": round(spawn_1),
             "spawn_per_s_16_concurrent": round(spawn_16),
+            **starts,
             **spent,
             **halves,
             "idle_cpu_ms_per_s": idle["cpu_ms_per_s"],

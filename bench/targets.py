@@ -86,6 +86,19 @@ def _status_ratio(results: Mapping[str, Mapping[str, Any]], n: int | None, prefi
                       note + ("" if n >= 1_000_000 else "; the target's batch is 1M"))
 
 
+def _start_note(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """What one start of ``true`` costs this machine (bench/process_start.py), if measured."""
+    true = _get(results, "execution", "start_cpu_us_true")
+    bare = _get(results, "execution", "start_cpu_us_no_libc")
+    if true is None or bare is None:
+        return ""
+    cpuid = _get(results, "execution", "cpuid_us")
+    return (f"; one start of `true` costs {true / 1000:.3f} ms of CPU here, a program without "
+            f"a C library {bare / 1000:.3f}"
+            + ("" if cpuid is None else f" (one `cpuid`, which glibc's start runs dozens of "
+               f"times, {cpuid} µs)"))
+
+
 def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
     """Every target, judged from ``results`` (scenario -> figures) where they have the figure."""
     out: list[Assessment] = []
@@ -103,6 +116,7 @@ def assess(results: Mapping[str, Mapping[str, Any]]) -> list[Assessment]:
             note += (f", to the API reporting the batch complete; {completed}/s to its "
                      f"completion time (its last MJC)")
         note += f"; process-spawn ceiling {spawn}/s (16 concurrent)"
+        note += _start_note(results)
         note += _cpu_note(results, "execution", "job")
         if jobs < 100_000:
             note += "; the target's batch is 100,000"

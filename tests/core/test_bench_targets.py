@@ -88,6 +88,20 @@ def test_a_rate_below_the_target_batch_size_is_not_met() -> None:
     assert got["no-op jobs/s end to end"] == ("5000.0", False)
 
 
+def test_a_process_start_is_stated_beside_the_rate_where_measured() -> None:
+    execution = {"noop_jobs_per_s": 1200.0, "jobs": 100_000, "spawn_per_s_16_concurrent": 1400,
+                 "start_cpu_us_true": 720.8, "start_cpu_us_no_libc": 33.2, "cpuid_us": 7.71}
+    note = {a.figure: a.note for a in assess({"execution": execution})}["no-op jobs/s end to end"]
+    assert ("one start of `true` costs 0.721 ms of CPU here, a program without a C library "
+            "0.033 (one `cpuid`") in note and "7.71 µs" in note
+    del execution["cpuid_us"]  # not x86
+    note = {a.figure: a.note for a in assess({"execution": execution})}["no-op jobs/s end to end"]
+    assert "a program without a C library 0.033" in note and "cpuid" not in note
+    del execution["start_cpu_us_true"]  # no C compiler: nothing said
+    note = {a.figure: a.note for a in assess({"execution": execution})}["no-op jobs/s end to end"]
+    assert "one start of" not in note
+
+
 def test_floors_outside_the_project_are_stated_beside_the_figures() -> None:
     notes = {a.figure: a.note for a in assess({
         "ingest": {"submit_seconds": 16.0, "jobs": 100_000, "cores": 2,
