@@ -11,8 +11,11 @@ to do, by the worker's own runtime, measured in the same run: every job costs at
 spawn.
 ``log_jobs_per_s`` is the rate read off the log itself (first SJ to last MJC of the batch): how
 fast the scheduler and workers run jobs, before the projector makes completion visible to the
-API. ``idle_cpu_ms_per_s`` is what the stack costs doing nothing, watched for ``IDLE_S`` before
-the run: mostly consumers polling the broker, which the run pays as well.
+API; ``log_records`` counts the batch's records on the log by kind (how many jobs a record of
+SJs or MJCs carried: the projector's cost a job moves with how they group, see
+docs/performance.md, "Tried, and not kept", 2026-12-07 from 21:58). ``idle_cpu_ms_per_s`` is
+what the stack costs doing nothing, watched for ``IDLE_S`` before the run: mostly consumers
+polling the broker, which the run pays as well.
 ``cpu_ms_per_job_first_half`` and ``_second_half`` split the run's CPU at the moment half the jobs
 had completed (the submission falls in the first half). The local broker's share grows from one
 to the other: tansu walks every record batch stored in a partition on each fetch
@@ -23,6 +26,7 @@ while Kafka finds a fetch's offset in an index.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import shutil
@@ -84,11 +88,14 @@ def _status(url: str, token: str, batch_id: int) -> dict[str, Any]:
         return dict(json.loads(resp.read()))
 
 
-async def _log_rate(log: LogSettings, batch_id: int) -> tuple[float, dict[str, float]]:
-    """Jobs per second of ``batch_id`` between its first SJ and its last MJC on the log, and
-    where an attempt's time went, by the times on the log and in the MJCs (:func:`_spans`)."""
+async def _log_rate(log: LogSettings, batch_id: int
+                    ) -> tuple[float, dict[str, float], dict[str, int]]:
+    """Jobs per second of ``batch_id`` between its first SJ and its last MJC on the log, where
+    an attempt's time went, by the times on the log and in the MJCs (:func:`_spans`), and how
+    many records of each kind the batch's events took."""
     marks = await high_watermarks(log, ["batch-events"])
     first_sj, last_mjc, n = None, 0, 0
+    kinds: collections.Counter[str] = collections.Counter()
     scheduled: dict[tuple[int, str], int] = {}
     # (SJ, attempt start, main container start, attempt end, MJC) times
     ended: list[tuple[int, int, int, int, int]] = []
@@ -101,6 +108,7 @@ async def _log_rate(log: LogSettings, batch_id: int) -> tuple[float, dict[str, f
                 event = rec.envelope.event
                 if getattr(event, "batch_id", None) != batch_id:
                     continue
+                kinds[type(event).__name__] += 1
                 at = rec.envelope.time_ms
                 if isinstance(event, JobScheduled | JobsScheduled):
                     first_sj = at if first_sj is None else first_sj
@@ -115,7 +123,7 @@ async def _log_rate(log: LogSettings, batch_id: int) -> tuple[float, dict[str, f
                               and mjc.start_time_ms is not None
                               and (run := _main_start(mjc)) is not None]
     rate = 0.0 if first_sj is None else n / max((last_mjc - first_sj) / 1000, 1e-3)
-    return rate, _spans(ended, rate)
+    return rate, _spans(ended, rate), dict(kinds)
 
 
 class _Timing(msgspec.Struct):
@@ -232,7 +240,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
             halves["cpu_ms_per_job_second_half"] = _per_job(
                 second_half.stop(n_jobs - half_done))
         log = load_settings(env).log
-        log_rate, spans = asyncio.run(_log_rate(log, big["id"]))
+        log_rate, spans, records = asyncio.run(_log_rate(log, big["id"]))
         return {
             "storage": "seaweedfs" if durable else "memory",
             "jobs": n_jobs,
@@ -251,6 +259,7 @@ def run(n_jobs: int = 10_000, durable: bool = True) -> dict[str, Any]:
                                                  1),
             "log_jobs_per_s": round(log_rate, 1),
             "attempt_ms": spans,
+            "log_records": records,
             "spawn_per_s_serial": round(spawn_1),
             "spawn_per_s_16_concurrent": round(spawn_16),
             **starts,
