@@ -73,7 +73,7 @@ from services.worker.runtime import (
     request_from_spec,
     time_ms,
 )
-from services.worker.status import compact_main, job_completed, job_status
+from services.worker.status import attempt_completed
 
 log = logging.getLogger(__name__)
 
@@ -377,21 +377,18 @@ class Worker:
             if attempt.abandoned:
                 return
             outcomes = {} if outcome is None else {"main": outcome}
-            doc = job_status(
-                spec=spec or {}, outcomes=outcomes,
-                batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
-                user=job.user, worker=self._settings.instance_name,
-                region=self._settings.region, start_time_ms=start,
-                end_time_ms=ended.end_time_ms, resources=job.resources, error=error)
             if attempt.start_due:  # ended before its MJS was due: the MJC says it
                 attempt.start_due = False
                 worker_metrics.start_coalesced()
             if attempt.started is not None:
                 await attempt.started  # the log keeps MJS before MJC
-            await self._report(job_completed(doc, instance_name=self._settings.instance_name,
-                                             resources=job.resources,
-                                             start_reported=attempt.started is not None,
-                                             compact=compact_main(spec or {}, outcomes, error)))
+            await self._report(attempt_completed(
+                spec=spec or {}, outcomes=outcomes,
+                batch_id=job.batch_id, job_id=job.job_id, attempt_id=job.attempt_id,
+                user=job.user, worker=self._settings.instance_name,
+                region=self._settings.region, start_time_ms=start,
+                end_time_ms=ended.end_time_ms, resources=job.resources, error=error,
+                start_reported=attempt.started is not None))
         except Exception:  # the attempt's top level: log what went wrong, keep the worker up
             log.exception("attempt %s failed in the worker", attempt.key)
         finally:

@@ -234,6 +234,45 @@ def compact_status(*, batch_id: int, job_id: int, attempt_id: str, user: str, wo
                       resources=resources)
 
 
+def attempt_completed(
+    *,
+    spec: Mapping[str, Any],
+    outcomes: Mapping[str, Outcome],
+    batch_id: int,
+    job_id: int,
+    attempt_id: str,
+    user: str,
+    worker: str,
+    region: str | None,
+    start_time_ms: int,
+    end_time_ms: int,
+    resources: Iterable[AttemptResource] = (),
+    error: str | None = None,
+    start_reported: bool = True,
+) -> JobCompleted:
+    """The MJC of a finished attempt (the arguments are :func:`job_status`'s; ``worker`` is
+    also the MJC's instance): the event :func:`job_completed` makes of its document, with
+    ``compact`` as :func:`compact_main` finds it. The common attempt's MJC carries no
+    document, so none is built for it: building and reading back the document it does not
+    carry was about 18 us of a no-op job's worker (2026-12-08)."""
+    main = compact_main(spec, outcomes, error)
+    if main is None:
+        doc = job_status(spec=spec, outcomes=outcomes, batch_id=batch_id, job_id=job_id,
+                         attempt_id=attempt_id, user=user, worker=worker, region=region,
+                         start_time_ms=start_time_ms, end_time_ms=end_time_ms,
+                         resources=resources, error=error)
+        return job_completed(doc, instance_name=worker, resources=resources,
+                             start_reported=start_reported)
+    # The facts job_completed reads back from the document of such an attempt: its state
+    # and exit code are its main container's, and it has no error.
+    assert main.exit_code is not None
+    return JobCompleted(
+        batch_id=batch_id, job_id=job_id, attempt_id=attempt_id, instance_name=worker,
+        state=main.state, exit_code=main.exit_code, start_time_ms=start_time_ms,
+        end_time_ms=end_time_ms, resources=list(resources), start_reported=start_reported,
+        main_start_ms=main.start_time_ms, main_end_ms=main.end_time_ms, region=region)
+
+
 def job_completed(
     status: Mapping[str, Any],
     *,

@@ -14,6 +14,7 @@ from schemas.execution import JobCompleted
 from services.worker.runtime import Outcome
 from services.worker.status import (
     api_exit_code,
+    attempt_completed,
     attempt_state,
     compact_main,
     compact_status,
@@ -285,3 +286,24 @@ def test_the_common_attempt_is_compact() -> None:
     assert compact_main(SPEC, {"main": SUCCESS}, "worker error: disk full") is None
     assert compact_main({**SPEC, "output_files": FILES}, {"main": SUCCESS}, None) is None
     assert compact_main(SPEC, {}, None) is None
+
+
+@settings(deadline=None)
+@given(st.dictionaries(st.sampled_from(["input", "main", "output"]), _any_outcome),
+       st.sampled_from([SPEC, {**SPEC, "input_files": FILES}, {**SPEC, "output_files": FILES}]),
+       st.none() | st.sampled_from(["worker error: disk full"]),
+       st.none() | st.sampled_from(["us-central1", "westus"]), _resources, st.booleans())
+def test_an_attempts_mjc_is_the_one_its_document_makes(
+        outcomes: dict[str, Outcome], spec: dict[str, Any], error: str | None,
+        region: str | None, resources: list[AttemptResource], start_reported: bool) -> None:
+    """The worker's MJC, made without a document where it carries none, is the event made
+    from the attempt's whole document: field for field, for every attempt."""
+    facts: dict[str, Any] = dict(
+        spec=spec, outcomes=outcomes, batch_id=7, job_id=1, attempt_id="a1b2c3", user="alice",
+        worker="worker-std-0001", region=region, start_time_ms=900, end_time_ms=4_000,
+        resources=resources, error=error)
+    doc = job_status(**facts)
+    expected = job_completed(doc, instance_name="worker-std-0001", resources=resources,
+                             start_reported=start_reported,
+                             compact=compact_main(spec, outcomes, error))
+    assert attempt_completed(**facts, start_reported=start_reported) == expected
