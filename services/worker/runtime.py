@@ -178,7 +178,9 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
 
     ``exit_code`` is the process's exit code (128+N after signal N), None when it never started.
     ``error`` is set exactly when ``state`` is ``Error``; ``short_error`` is the reference's short
-    form (``timed out``, ``executable not found``...).
+    form (``timed out``, ``executable not found``...). ``workdir_empty`` is True when the
+    runtime saw the working directory empty once the process had ended (the process spawner
+    looks, where it writes the log), None where nothing looked.
     """
 
     state: CompletedJobState
@@ -189,6 +191,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     out_of_memory: bool = False
     start_time_ms: int
     end_time_ms: int
+    workdir_empty: bool | None = None
 
 
 class ContainerRuntime(Protocol):
@@ -332,6 +335,7 @@ class _Child:
         self.pid = popen.pid
         self._popen = popen
         self._loop = loop
+        self.workdir_empty: bool | None = None  # nothing looks
         self.exited: asyncio.Future[int] = loop.create_future()
         try:
             pidfd = os.pidfd_open(popen.pid)
@@ -508,7 +512,8 @@ class LocalProcessRuntime:
                            short_error="timed out", timed_out=True, start_time_ms=start,
                            end_time_ms=end)
         return Outcome(state="Success" if code == 0 else "Failed", exit_code=code,
-                       start_time_ms=start, end_time_ms=end)
+                       start_time_ms=start, end_time_ms=end,
+                       workdir_empty=proc.workdir_empty)
 
     async def _kill(self, proc: _Child | HelperChild) -> None:
         """SIGTERM the process group, then SIGKILL it if the leader outlives the grace period."""

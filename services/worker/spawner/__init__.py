@@ -84,6 +84,9 @@ class HelperChild:
         self.argv0 = argv0
         self.pid: int | None = None
         self.exited = exited
+        # True: its working directory was empty when it ended (the helper looks, for a start
+        # with a log file); None: not known.
+        self.workdir_empty: bool | None = None
 
     @property
     def returncode(self) -> int | None:
@@ -258,7 +261,9 @@ class Spawner:
                 children[key].pid = value
                 continue
             child = children.pop(key)
-            if kind == b"X":
+            if kind == b"X" or kind == b"Y":
+                if kind == b"Y":
+                    child.workdir_empty = True
                 child.exited.set_result(os.waitstatus_to_exitcode(value))
             else:
                 child.exited.set_exception(OSError(value, os.strerror(value), child.argv0))

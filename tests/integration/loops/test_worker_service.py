@@ -31,6 +31,7 @@ from services.common.log import (
 from services.common.settings import TOPIC_BATCH, TOPIC_SCHEDULER, LogSettings
 from services.common.specstore import LocalSpecStore
 from services.scheduler.dispatch import Attempt, Delivery, WorkerClient
+from services.worker import service
 from services.worker.__main__ import load_worker_settings
 from services.worker.logstore import LocalLogStore
 from services.worker.outbox import Outbox
@@ -375,6 +376,28 @@ async def test_an_emptied_working_directory_is_reused_and_a_littered_one_never_i
     assert (out / "ls2").read_text() == ""  # job 1's file did not follow it
     assert cwd[2] != cwd[1] and not exists[1]  # littered: removed
     assert cwd[3] == cwd[2] and exists[3]  # left empty: kept for the next attempt
+
+
+@pytest.mark.parametrize("fresh_s", [0.0, 3600.0])
+async def test_a_reused_working_directory_removed_meanwhile_is_made_again_once_stale(
+        log_settings: LogSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        fresh_s: float) -> None:
+    """A directory freed moments ago is reused as it is; one freed longer ago is made again
+    first, in case something (a temporary-files cleaner) removed it meanwhile."""
+    monkeypatch.setattr(service, "FRESH_WORKDIR_S", fresh_s)
+    out = tmp_path / "out"
+    out.mkdir()
+    async with running(log_settings, tmp_path) as env:
+        await env.post(1, "a1", spec("sh", "-c", f"pwd > {out}/cwd1"))
+        await env.wait_for(completed(1))
+        cwd1 = (out / "cwd1").read_text().strip()
+        if fresh_s == 0.0:
+            os.rmdir(cwd1)  # behind the worker's back
+        await env.post(2, "a1", spec("sh", "-c", f"pwd > {out}/cwd2"))
+        await env.wait_for(completed(2))
+        states = [e.state for e in env.of(JobCompleted, 2)]
+    assert states == ["Success"]
+    assert (out / "cwd2").read_text().strip() == cwd1  # the same directory, there again
 
 
 async def test_an_attempt_that_ends_before_its_start_is_due_reports_only_its_completion(

@@ -254,6 +254,38 @@ async def test_a_job_that_writes_nothing_leaves_no_file_and_no_stale_one(
     assert state == "Success" and not log.exists()
 
 
+@pytest.mark.parametrize(("script", "empty"), [
+    ("true", True),
+    ("exit 3", True),
+    ("touch left-behind", False),
+    ("mkdir sub", False),
+    ("touch x; rm x", True),
+    ("rmdir \"$PWD\"", None),  # nothing to look into
+])
+async def test_the_spawner_says_whether_a_job_left_its_working_directory_empty(
+        tmp_path: Path, script: str, empty: bool | None) -> None:
+    """The worker reuses a working directory the spawner saw empty at the job's end without
+    looking again; any other (not empty, gone) it looks at itself."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    sink = FileLogSink.lazy(str(tmp_path / "logs" / "main.log"))
+    try:
+        outcome = await _runtime().run(RunRequest(command=["sh", "-c", script],
+                                                  cwd=str(workdir)), sink)
+    finally:
+        sink.close()
+    assert outcome.state in ("Success", "Failed")
+    assert outcome.workdir_empty is (True if empty else None)
+    if empty is not None:
+        assert (next(workdir.iterdir(), None) is None) is empty
+    # Without the spawner nothing looks.
+    popen = LocalProcessRuntime(LocalRuntimeSettings(spawner=None))
+    workdir.mkdir(exist_ok=True)
+    with FileLogSink.lazy(str(tmp_path / "logs" / "popen.log")) as popen_sink:
+        outcome = await popen.run(RunRequest(command=["true"], cwd=str(workdir)), popen_sink)
+    assert outcome.state == "Success" and outcome.workdir_empty is None
+
+
 async def test_a_log_that_cannot_be_made_drops_the_output_not_the_job(tmp_path: Path) -> None:
     (tmp_path / "logs").write_bytes(b"")  # a file where the directory should be
     state, code, log = await _logged(tmp_path, "echo lost; exit 2")
