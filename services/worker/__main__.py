@@ -16,7 +16,7 @@ Configured by the shared ``HS_*`` variables (the log) plus:
 | ``HS_WORKER_SCRATCH_DIR`` | the system's temporary directory |
 | ``HS_WORKER_HOST`` | 127.0.0.1 (the interface to listen on; 0.0.0.0 on a cloud VM) |
 | ``HS_WORKER_ADVERTISE_HOST`` | ``HS_WORKER_HOST`` (the host announced to the scheduler) |
-| ``HS_WORKER_LINGER_MS`` | 25 (how long MJS/MJC wait to share a produce request) |
+| ``HS_WORKER_LINGER_MS`` | 15 (how long MJS/MJC wait to share a produce request) |
 | ``HS_WORKER_START_REPORT_MS`` | 1000 (an attempt that ends sooner has no MJS: its MJC says it) |
 """
 
